@@ -1,0 +1,97 @@
+#include "tether/persistence/database.hpp"
+
+#include "tether/persistence/schema.hpp"
+
+#include <SQLiteCpp/Exception.h>
+#include <SQLiteCpp/Statement.h>
+#include <SQLiteCpp/Transaction.h>
+#include <sqlite3.h>
+
+#include <filesystem>
+
+namespace tether::persistence {
+
+std::string sqlite_message(const std::exception& e) {
+  if (auto* s = dynamic_cast<const SQLite::Exception*>(&e))
+    return std::string(s->what()) + " (sqlite code " + std::to_string(s->getExtendedErrorCode()) + ")";
+  return e.what();
+}
+
+int latest_schema_version() { return static_cast<int>(migrations().size()); }
+
+namespace {
+
+result<void> check_identity(SQLite::Database& db, const std::string& path) {
+  auto app = db.execAndGet("PRAGMA application_id").getInt();
+  auto ver = db.execAndGet("PRAGMA user_version").getInt();
+  auto objects = db.execAndGet("SELECT count(*) FROM sqlite_master").getInt();
+  if (app == 0 && ver == 0 && objects == 0) return {};  // brand new
+  if (app != k_application_id) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "0x%08x", static_cast<unsigned>(app));
+    return error{errc::refused, "refusing to open '" + path +
+                                    "': it is not a tether database (application_id " + buf +
+                                    ", " + std::to_string(objects) +
+                                    " schema objects); the file was left untouched"};
+  }
+  if (ver > latest_schema_version())
+    return error{errc::refused, "refusing to open '" + path + "': its schema version " +
+                                    std::to_string(ver) + " is newer than this build's " +
+                                    std::to_string(latest_schema_version()) +
+                                    "; the file was left untouched"};
+  return {};
+}
+
+result<void> migrate(SQLite::Database& db) {
+  int ver = db.execAndGet("PRAGMA user_version").getInt();
+  const auto& steps = migrations();
+  if (ver == static_cast<int>(steps.size())) return {};
+  SQLite::Transaction tx(db, SQLite::TransactionBehavior::IMMEDIATE);
+  for (int v = ver; v < static_cast<int>(steps.size()); ++v) db.exec(steps[v]);
+  db.exec("PRAGMA application_id = " + std::to_string(k_application_id));
+  db.exec("PRAGMA user_version = " + std::to_string(steps.size()));
+  tx.commit();
+  return {};
+}
+
+}  // namespace
+
+result<std::unique_ptr<SQLite::Database>> open_for_write(const db_options& opts) {
+  try {
+    auto db = std::make_unique<SQLite::Database>(opts.path,
+                                                 SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+    db->setBusyTimeout(5000);
+    if (auto r = check_identity(*db, opts.path); !r) return r.error();
+    db->exec("PRAGMA journal_mode = WAL");
+    db->exec(opts.sync == sync_mode::full ? "PRAGMA synchronous = FULL"
+                                          : "PRAGMA synchronous = NORMAL");
+    db->exec("PRAGMA foreign_keys = ON");
+    if (auto r = migrate(*db); !r) return r.error();
+    return db;
+  } catch (const std::exception& e) {
+    return error{errc::io, "cannot open database '" + opts.path + "': " + sqlite_message(e) +
+                               "; nothing was changed"};
+  }
+}
+
+reader_pool::lease::~lease() {
+  if (!db_) return;
+  std::lock_guard lk(p_->m_);
+  p_->free_.push_back(std::move(db_));
+}
+
+reader_pool::lease reader_pool::acquire() {
+  {
+    std::lock_guard lk(m_);
+    if (!free_.empty()) {
+      auto db = std::move(free_.back());
+      free_.pop_back();
+      return lease(this, std::move(db));
+    }
+  }
+  auto db = std::make_unique<SQLite::Database>(path_, SQLite::OPEN_READONLY);
+  db->setBusyTimeout(5000);
+  return lease(this, std::move(db));
+}
+
+}  // namespace tether::persistence

@@ -1,0 +1,70 @@
+#pragma once
+// Opening a tether database: identity (application_id), schema version
+// (user_version) and migrations, pragmas, and the read connections.
+#include "tether/runtime/error.hpp"
+
+#include <SQLiteCpp/Database.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace tether::persistence {
+
+/// 'TETH': marks a database as ours.
+constexpr std::int32_t k_application_id = 0x54455448;
+
+enum class sync_mode {
+  full,    // default: a COMMIT is on disk when it returns
+  normal,  // opt-in only: WAL+NORMAL can lose the last commits on power loss
+};
+
+struct db_options {
+  std::string path;
+  sync_mode sync = sync_mode::full;
+  std::size_t max_batch = 1024;               // requests per transaction
+  std::size_t max_batch_bytes = 8u << 20;     // payload bytes per transaction
+};
+
+/// The schema version this build writes.
+int latest_schema_version();
+
+/// Opens the write connection: refuses (leaving the file untouched) a
+/// database of another application or of a newer schema, then sets the
+/// pragmas and runs pending migrations in one transaction.
+result<std::unique_ptr<SQLite::Database>> open_for_write(const db_options& opts);
+
+/// A pool of read-only connections. Reads never wait on the writer (WAL).
+class reader_pool {
+ public:
+  explicit reader_pool(std::string path) : path_(std::move(path)) {}
+
+  class lease {
+   public:
+    lease(reader_pool* p, std::unique_ptr<SQLite::Database> db) : p_(p), db_(std::move(db)) {}
+    lease(lease&&) = default;
+    ~lease();
+    SQLite::Database& operator*() { return *db_; }
+    SQLite::Database* operator->() { return db_.get(); }
+
+   private:
+    reader_pool* p_;
+    std::unique_ptr<SQLite::Database> db_;
+  };
+
+  /// A connection for the caller's exclusive use until the lease ends.
+  lease acquire();
+
+ private:
+  std::string path_;
+  std::mutex m_;
+  std::vector<std::unique_ptr<SQLite::Database>> free_;
+};
+
+/// "what SQLite said", with the extended code.
+std::string sqlite_message(const std::exception& e);
+
+}  // namespace tether::persistence

@@ -1,0 +1,67 @@
+#include "tether/persistence/schema.hpp"
+
+namespace tether::persistence {
+
+const std::vector<std::string>& migrations() {
+  static const std::vector<std::string> steps = {
+      // 1: sessions, their transcript, the job outbox and the parent inbox.
+      R"sql(
+CREATE TABLE sessions (
+  id              TEXT PRIMARY KEY,
+  parent_id       TEXT,                 -- NULL for top-level sessions and forks
+  parent_notify   INTEGER,              -- NULL = default (on); 0 silences the link
+  description     TEXT NOT NULL DEFAULT '',
+  agent           TEXT NOT NULL DEFAULT 'general',
+  status          TEXT NOT NULL DEFAULT 'idle' CHECK (status IN ('idle','busy')),
+  time_suspended  INTEGER,              -- the claim: set while a busy period is open
+  resume_attempts INTEGER NOT NULL DEFAULT 0,
+  idle_outcome    TEXT,
+  time_idle       INTEGER,
+  seq             INTEGER NOT NULL DEFAULT 0,  -- last durable sequence number
+  revert_staged   INTEGER NOT NULL DEFAULT 0,
+  created_at      INTEGER NOT NULL
+);
+CREATE INDEX sessions_parent ON sessions(parent_id);
+
+CREATE TABLE messages (
+  session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+  seq        INTEGER NOT NULL,
+  role       TEXT NOT NULL,             -- user | assistant
+  kind       TEXT NOT NULL,             -- prompt | steer | report | answer | control
+  status     TEXT NOT NULL,             -- completed | error
+  payload    TEXT NOT NULL,             -- JSON
+  PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+
+CREATE TABLE jobs (
+  id              TEXT PRIMARY KEY,
+  notification_id TEXT NOT NULL UNIQUE,
+  kind            TEXT NOT NULL,        -- subagent | shell
+  mode            TEXT NOT NULL,        -- background | none
+  parent_id       TEXT,                 -- who is owed the report
+  child_id        TEXT,                 -- whose busy period it reports
+  generation      INTEGER NOT NULL DEFAULT 0,
+  status          TEXT NOT NULL,        -- running | completed | error | cancelled
+  body            TEXT,                 -- the rendered report once terminal
+  payload         TEXT NOT NULL DEFAULT '{}',
+  created_at      INTEGER NOT NULL,
+  updated_at      INTEGER NOT NULL
+);
+CREATE INDEX jobs_child ON jobs(child_id);
+
+CREATE TABLE inbox (
+  session_id      TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+  notification_id TEXT NOT NULL,
+  from_session    TEXT,
+  body            TEXT NOT NULL,
+  state           TEXT NOT NULL DEFAULT 'pending',  -- pending | acked
+  admitted_seq    INTEGER NOT NULL,
+  admitted_at     INTEGER NOT NULL,
+  PRIMARY KEY (session_id, notification_id)
+) WITHOUT ROWID;
+)sql",
+  };
+  return steps;
+}
+
+}  // namespace tether::persistence

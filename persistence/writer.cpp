@@ -1,0 +1,144 @@
+#include "tether/persistence/writer.hpp"
+
+#include <SQLiteCpp/Exception.h>
+#include <sqlite3.h>
+
+namespace tether::persistence {
+
+result<std::unique_ptr<writer>> writer::open(const db_options& opts) {
+  auto db = open_for_write(opts);
+  if (!db) return db.error();
+  return std::unique_ptr<writer>(new writer(opts, std::move(*db)));
+}
+
+writer::writer(db_options opts, std::unique_ptr<SQLite::Database> db)
+    : opts_(std::move(opts)), db_(std::move(db)) {
+  sqlite3_commit_hook(db_->getHandle(), &writer::commit_hook, this);
+  thread_ = std::thread([this] { loop(); });
+}
+
+writer::~writer() { stop(); }
+
+int writer::commit_hook(void* self) {
+  auto* w = static_cast<writer*>(self);
+  int n = w->fail_commits_.load();
+  while (n > 0) {
+    if (w->fail_commits_.compare_exchange_weak(n, n - 1)) return 1;  // turn COMMIT into ROLLBACK
+  }
+  return 0;
+}
+
+void writer::enqueue(std::unique_ptr<detail::request> r) {
+  {
+    std::lock_guard lk(m_);
+    if (!stopping_) {
+      queue_.push_back(std::move(r));
+      cv_.notify_one();
+      return;
+    }
+  }
+  r->fail(error{errc::closed, "the persistence writer is stopped; '" + r->name + "' was not written"});
+}
+
+void writer::stop() {
+  {
+    std::lock_guard lk(m_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+    cv_.notify_one();
+  }
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+writer_stats writer::stats() const {
+  std::lock_guard lk(m_);
+  return stats_;
+}
+
+void writer::loop() {
+  std::deque<std::unique_ptr<detail::request>> batch;
+  for (;;) {
+    {
+      std::unique_lock lk(m_);
+      cv_.wait(lk, [&] { return !queue_.empty() || stopping_; });
+      if (queue_.empty()) return;  // stopping, and everything was answered
+      std::size_t bytes = 0;
+      while (!queue_.empty() && batch.size() < opts_.max_batch &&
+             (batch.empty() || bytes + queue_.front()->bytes <= opts_.max_batch_bytes)) {
+        bytes += queue_.front()->bytes;
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+    }
+    run_batch(batch);
+    batch.clear();
+  }
+}
+
+void writer::run_batch(std::deque<std::unique_ptr<detail::request>>& batch) {
+  auto& db = *db_;
+  // A batch that cannot even begin fails as a whole.
+  try {
+    db.exec("BEGIN IMMEDIATE");
+  } catch (const std::exception& e) {
+    error err{errc::io, "BEGIN IMMEDIATE failed: " + sqlite_message(e) +
+                            "; nothing of this batch was written"};
+    for (auto& r : batch) r->fail(err);
+    std::lock_guard lk(m_);
+    stats_.failed_commits++;
+    return;
+  }
+  std::vector<std::optional<error>> errors(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    auto& r = *batch[i];
+    std::optional<error> err;
+    try {
+      db.exec("SAVEPOINT s");
+      auto res = r.run(db);
+      if (!res) err = res.error();
+    } catch (const SQLite::Exception& e) {
+      int code = e.getErrorCode();
+      err = error{code == SQLITE_CONSTRAINT ? errc::conflict : errc::io,
+                  "'" + r.name + "' failed: " + sqlite_message(e) + "; it was rolled back alone"};
+    } catch (const std::exception& e) {
+      err = error{errc::failed, "'" + r.name + "' threw: " + std::string(e.what()) +
+                                    "; it was rolled back alone"};
+    }
+    try {
+      if (err) db.exec("ROLLBACK TO s");
+      db.exec("RELEASE s");
+    } catch (const std::exception& e) {
+      // The savepoint machinery itself failed: the transaction is unusable.
+      if (!err) err = error{errc::io, "'" + r.name + "': savepoint release failed: " + sqlite_message(e)};
+    }
+    errors[i] = std::move(err);
+  }
+  std::optional<error> commit_err;
+  try {
+    db.exec("COMMIT");
+  } catch (const std::exception& e) {
+    commit_err = error{errc::io, "COMMIT failed: " + sqlite_message(e) +
+                                     "; nothing of this batch of " + std::to_string(batch.size()) +
+                                     " requests was written"};
+    try {
+      if (sqlite3_get_autocommit(db.getHandle()) == 0) db.exec("ROLLBACK");
+    } catch (...) {
+    }
+  }
+  {
+    std::lock_guard lk(m_);
+    stats_.transactions++;
+    stats_.requests += batch.size();
+    if (commit_err) stats_.failed_commits++;
+  }
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    if (commit_err)
+      batch[i]->fail(*commit_err);
+    else if (errors[i])
+      batch[i]->fail(*errors[i]);
+    else
+      batch[i]->answer();
+  }
+}
+
+}  // namespace tether::persistence

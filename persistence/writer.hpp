@@ -1,0 +1,148 @@
+#pragma once
+// The single writer: one actor that owns the only write connection, on its own
+// thread. Requests are named write operations. The receive loop takes the first
+// request, drains more up to a count and a byte bound, and runs them in one
+// BEGIN IMMEDIATE transaction, each inside its own SAVEPOINT (a failing request
+// rolls back alone and gets its own error). Only after COMMIT returns is any
+// requester answered; if COMMIT fails, every requester of the batch gets that
+// error. Nothing is ever answered as committed that is not.
+#include "tether/persistence/database.hpp"
+#include "tether/runtime/error.hpp"
+#include "tether/runtime/one_shot.hpp"
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <SQLiteCpp/Database.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+
+namespace tether::persistence {
+
+namespace asio = boost::asio;
+using asio::awaitable;
+
+namespace detail {
+struct request {
+  virtual ~request() = default;
+  std::string name;
+  std::size_t bytes = 0;
+  // Runs inside the request's savepoint. An error (returned or thrown) rolls
+  // the savepoint back.
+  virtual result<void> run(SQLite::Database& db) = 0;
+  virtual void answer() = 0;               // after COMMIT: the value, or run()'s error
+  virtual void fail(const error& e) = 0;   // the batch did not commit
+};
+
+template <class T>
+struct unwrap_result {
+  using type = T;
+};
+template <class T>
+struct unwrap_result<result<T>> {
+  using type = T;
+};
+}  // namespace detail
+
+/// Counters for tests and benches.
+struct writer_stats {
+  std::uint64_t transactions = 0;  // COMMITs attempted
+  std::uint64_t requests = 0;
+  std::uint64_t failed_commits = 0;
+};
+
+class writer {
+ public:
+  /// Opens (creating if needed), checks identity and schema, migrates, and
+  /// starts the writer thread.
+  static result<std::unique_ptr<writer>> open(const db_options& opts);
+  ~writer();
+  writer(const writer&) = delete;
+  writer& operator=(const writer&) = delete;
+
+  /// Queues `fn(db)` (returning T or result<T>) as one write operation and
+  /// returns a handle that resolves after its transaction committed.
+  template <class F>
+  auto submit(std::string name, std::size_t bytes, F fn) {
+    using raw = std::invoke_result_t<F&, SQLite::Database&>;
+    using T = typename detail::unwrap_result<raw>::type;
+    auto st = runtime::one_shot<result<T>>::make();
+    auto req = std::make_unique<op<T, F>>(std::move(fn), st);
+    req->name = std::move(name);
+    req->bytes = bytes;
+    enqueue(std::move(req));
+    return st;
+  }
+
+  /// The awaitable form of submit().
+  template <class F>
+  auto write(std::string name, std::size_t bytes, F fn)
+      -> awaitable<result<typename detail::unwrap_result<
+          std::invoke_result_t<F&, SQLite::Database&>>::type>> {
+    auto st = submit(std::move(name), bytes, std::move(fn));
+    co_return co_await st->async_wait(asio::use_awaitable);
+  }
+
+  /// Answers every queued request, then stops the thread. Later submits fail
+  /// with errc::closed. Idempotent.
+  void stop();
+
+  writer_stats stats() const;
+  const db_options& options() const { return opts_; }
+
+  /// Test hook: the next n COMMITs fail (through sqlite3_commit_hook, so
+  /// SQLite really rolls the transaction back).
+  void inject_commit_failures(int n) { fail_commits_.store(n); }
+
+ private:
+  template <class T, class F>
+  struct op final : detail::request {
+    op(F f, std::shared_ptr<runtime::one_shot<result<T>>> s) : fn(std::move(f)), st(std::move(s)) {}
+    F fn;
+    std::shared_ptr<runtime::one_shot<result<T>>> st;
+    result<T> value = error{errc::failed, "not run"};
+
+    result<void> run(SQLite::Database& db) override {
+      if constexpr (std::is_void_v<T>) {
+        if constexpr (std::is_void_v<std::invoke_result_t<F&, SQLite::Database&>>) {
+          fn(db);
+          value = {};
+        } else {
+          value = fn(db);
+        }
+      } else {
+        value = fn(db);
+      }
+      if (!value) return value.error();
+      return {};
+    }
+    void answer() override { st->set(std::move(value)); }
+    void fail(const error& e) override { st->set(result<T>(e)); }
+  };
+
+  explicit writer(db_options opts, std::unique_ptr<SQLite::Database> db);
+  void enqueue(std::unique_ptr<detail::request> r);
+  void loop();
+  void run_batch(std::deque<std::unique_ptr<detail::request>>& batch);
+  static int commit_hook(void* self);
+
+  db_options opts_;
+  std::unique_ptr<SQLite::Database> db_;
+  mutable std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<detail::request>> queue_;
+  bool stopping_ = false;
+  writer_stats stats_;
+  std::atomic<int> fail_commits_{0};
+  std::thread thread_;
+};
+
+}  // namespace tether::persistence

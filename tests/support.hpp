@@ -1,0 +1,35 @@
+#pragma once
+// Shared test helpers: scratch directories and running awaitables.
+#include "tether/runtime/sync_wait.hpp"
+
+#include <boost/asio/io_context.hpp>
+
+#include <filesystem>
+#include <string>
+
+namespace tether::test {
+
+/// A fresh, empty directory for this test, removed when the object dies.
+class scratch_dir {
+ public:
+  explicit scratch_dir(const std::string& tag);
+  ~scratch_dir();
+  const std::filesystem::path& path() const { return p_; }
+  std::string file(const std::string& name) const { return (p_ / name).string(); }
+
+ private:
+  std::filesystem::path p_;
+};
+
+/// Drives `a` to completion on a private io_context.
+template <class T>
+T run(boost::asio::awaitable<T> a) {
+  boost::asio::io_context io;
+  return runtime::run_to_completion(io, std::move(a));
+}
+
+/// Runs a program to completion; returns its raw wait status.
+int run_process(const std::vector<std::string>& argv, std::string* out = nullptr,
+                const std::vector<std::string>& extra_env = {});
+
+}  // namespace tether::test
