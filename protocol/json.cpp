@@ -19,7 +19,7 @@ decoded<json::value> parse_json(std::string_view text) {
   return p.release();
 }
 
-std::string serialize(const json::value& v) { return json::serialize(v); }
+std::string to_text(const json::value& v) { return json::serialize(v); }
 
 decoded<fields> fields::of(const json::value& v, std::string prefix) {
   if (!v.is_object())

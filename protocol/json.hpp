@@ -32,7 +32,7 @@ using decoded = boost::system::result<T, decode_error>;
 /// Parses text; the problem names the byte offset of a syntax error.
 decoded<json::value> parse_json(std::string_view text);
 
-std::string serialize(const json::value& v);
+std::string to_text(const json::value& v);
 
 /// Field access on an object with errors naming `prefix.key`.
 class fields {

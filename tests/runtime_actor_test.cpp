@@ -4,7 +4,7 @@
 #include "tether/runtime/actor.hpp"
 #include "tether/runtime/executor_pool.hpp"
 
-#include <catch2/catch.hpp>
+#include "catch_result.hpp"
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
 

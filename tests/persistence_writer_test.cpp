@@ -1,0 +1,230 @@
+// The single writer: group commit, per-request savepoints, COMMIT failure,
+// database identity, reads beside a busy writer.
+#include "support.hpp"
+
+#include "tether/persistence/writer.hpp"
+
+#include "catch_result.hpp"
+
+#include <SQLiteCpp/Statement.h>
+#include <boost/asio/detached.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+
+using namespace tether;
+using namespace tether::persistence;
+namespace asio = boost::asio;
+
+namespace {
+
+std::unique_ptr<writer> open_writer(const std::string& path) {
+  auto w = writer::open(db_options{path});
+  REQUIRE(w);
+  return std::move(*w);
+}
+
+void create_table(writer& w) {
+  auto st = w.submit("create t", 0, [](SQLite::Database& db) {
+    db.exec("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT NOT NULL)");
+  });
+  asio::io_context io;
+  auto r = runtime::run_to_completion(io, st->async_wait(asio::use_awaitable));
+  REQUIRE(r);
+}
+
+int count_rows(const std::string& path) {
+  SQLite::Database db(path, SQLite::OPEN_READONLY);
+  return db.execAndGet("SELECT count(*) FROM t").getInt();
+}
+
+}  // namespace
+
+TEST_CASE("500 concurrent writers commit in far fewer transactions; 5 bad ones fail alone") {
+  test::scratch_dir dir("group");
+  auto w = open_writer(dir.file("t.db"));
+  create_table(*w);
+  auto before = w->stats().transactions;
+
+  asio::io_context io;
+  std::vector<result<void>> results(500, error{errc::failed, "not answered"});
+  int answered = 0;
+  for (int i = 0; i < 500; ++i) {
+    auto one = [](writer& w, int i, std::vector<result<void>>& out, int& answered) -> asio::awaitable<void> {
+      bool bad = i % 100 == 7;  // 5 of them violate NOT NULL
+      auto r = co_await w.write("insert " + std::to_string(i), 16, [i, bad](SQLite::Database& db) {
+        SQLite::Statement st(db, "INSERT INTO t (k, v) VALUES (?, ?)");
+        st.bind(1, i);
+        if (bad)
+          st.bind(2);  // NULL
+        else
+          st.bind(2, "row");
+        st.exec();
+      });
+      out[i] = r;
+      ++answered;
+    };
+    asio::co_spawn(io, one(*w, i, results, answered), asio::detached);
+  }
+  io.run();
+  CHECK(answered == 500);
+  int failed = 0;
+  for (int i = 0; i < 500; ++i) {
+    if (i % 100 == 7) {
+      REQUIRE_FALSE(results[i]);
+      CHECK(results[i].error().code == errc::conflict);
+      CHECK(results[i].error().message.find("insert " + std::to_string(i)) != std::string::npos);
+      ++failed;
+    } else {
+      CHECK(results[i]);
+    }
+  }
+  CHECK(failed == 5);
+  CHECK(count_rows(dir.file("t.db")) == 495);
+  auto txs = w->stats().transactions - before;
+  INFO("transactions for 500 writers: " << txs);
+  CHECK(txs < 50);
+}
+
+TEST_CASE("a failed COMMIT reaches every requester of the batch and none is told it committed") {
+  test::scratch_dir dir("commitfail");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  create_table(*w);
+
+  // Hold the writer inside a first batch; the rows submitted meanwhile all
+  // queue up and form the second batch. Both COMMITs are made to fail.
+  std::promise<void> inside, release;
+  auto released = release.get_future().share();
+  auto blocker = w->submit("blocker", 0, [&inside, released](SQLite::Database& db) {
+    db.exec("INSERT INTO t (k, v) VALUES (100, 'blocker')");
+    inside.set_value();
+    released.wait();
+  });
+  inside.get_future().wait();
+  std::vector<std::shared_ptr<runtime::one_shot<result<void>>>> batch;
+  for (int i = 0; i < 10; ++i)
+    batch.push_back(w->submit("row " + std::to_string(i), 8, [i](SQLite::Database& db) {
+      SQLite::Statement st(db, "INSERT INTO t (k, v) VALUES (?, 'x')");
+      st.bind(1, i);
+      st.exec();
+    }));
+  w->inject_commit_failures(2);
+  release.set_value();
+
+  asio::io_context io;
+  auto all = [](auto blocker, auto batch) -> asio::awaitable<std::vector<result<void>>> {
+    std::vector<result<void>> out;
+    out.push_back(co_await blocker->async_wait(asio::use_awaitable));
+    for (auto& b : batch) out.push_back(co_await b->async_wait(asio::use_awaitable));
+    co_return out;
+  };
+  auto results = runtime::run_to_completion(io, all(blocker, batch));
+  REQUIRE(results.size() == 11);
+  for (auto& r : results) {
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == errc::io);
+    CHECK(r.error().message.find("COMMIT failed") != std::string::npos);
+  }
+  CHECK(count_rows(path) == 0);
+  CHECK(w->stats().failed_commits == 2);
+
+  // The writer carries on: the next request commits.
+  auto after = w->submit("after", 8, [](SQLite::Database& db) {
+    db.exec("INSERT INTO t (k, v) VALUES (1, 'after')");
+  });
+  REQUIRE(runtime::run_to_completion(io, after->async_wait(asio::use_awaitable)));
+  CHECK(count_rows(path) == 1);
+}
+
+TEST_CASE("a database of another application is refused and left untouched") {
+  test::scratch_dir dir("foreign");
+  auto path = dir.file("other.db");
+  {
+    SQLite::Database db(path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+    db.exec("CREATE TABLE notes (x TEXT)");
+    db.exec("INSERT INTO notes VALUES ('mine')");
+  }
+  auto before = std::filesystem::file_size(path);
+  auto mtime = std::filesystem::last_write_time(path);
+  auto w = writer::open(db_options{path});
+  REQUIRE_FALSE(w);
+  CHECK(w.error().code == errc::refused);
+  CHECK(w.error().message.find("not a tether database") != std::string::npos);
+  CHECK(w.error().message.find("left untouched") != std::string::npos);
+  CHECK(std::filesystem::file_size(path) == before);
+  CHECK(std::filesystem::last_write_time(path) == mtime);
+  CHECK_FALSE(std::filesystem::exists(path + "-wal"));
+}
+
+TEST_CASE("a database of a newer schema is refused and left untouched") {
+  test::scratch_dir dir("newer");
+  auto path = dir.file("t.db");
+  { open_writer(path); }
+  {
+    SQLite::Database db(path, SQLite::OPEN_READWRITE);
+    db.exec("PRAGMA user_version = " + std::to_string(latest_schema_version() + 1));
+  }
+  auto mtime = std::filesystem::last_write_time(path);
+  auto w = writer::open(db_options{path});
+  REQUIRE_FALSE(w);
+  CHECK(w.error().code == errc::refused);
+  CHECK(w.error().message.find("newer") != std::string::npos);
+  CHECK(std::filesystem::last_write_time(path) == mtime);
+}
+
+TEST_CASE("a tether database reopens at the latest schema with WAL, FULL sync and foreign keys") {
+  test::scratch_dir dir("pragmas");
+  auto path = dir.file("t.db");
+  { open_writer(path); }
+  auto w = open_writer(path);
+  auto st = w->submit("pragmas", 0, [](SQLite::Database& db) {
+    return db.execAndGet("PRAGMA journal_mode").getString() + "/" +
+           db.execAndGet("PRAGMA synchronous").getString() + "/" +
+           db.execAndGet("PRAGMA foreign_keys").getString();
+  });
+  asio::io_context io;
+  auto r = runtime::run_to_completion(io, st->async_wait(asio::use_awaitable));
+  REQUIRE(r);
+  CHECK(*r == "wal/2/1");
+  SQLite::Database ro(path, SQLite::OPEN_READONLY);
+  CHECK(ro.execAndGet("PRAGMA user_version").getInt() == latest_schema_version());
+  CHECK(ro.execAndGet("PRAGMA application_id").getInt() == k_application_id);
+}
+
+TEST_CASE("reads go through their own connection and do not wait on an open write transaction") {
+  test::scratch_dir dir("reads");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  create_table(*w);
+  std::promise<void> inside, release;
+  auto released = release.get_future().share();
+  auto held = w->submit("held", 0, [&inside, released](SQLite::Database& db) {
+    db.exec("INSERT INTO t (k, v) VALUES (1, 'uncommitted')");
+    inside.set_value();
+    released.wait();
+  });
+  inside.get_future().wait();  // the writer is now inside BEGIN IMMEDIATE
+  reader_pool readers(path);
+  {
+    auto r = readers.acquire();
+    CHECK(r->execAndGet("SELECT count(*) FROM t").getInt() == 0);  // sees the last commit
+  }
+  release.set_value();
+  asio::io_context io;
+  REQUIRE(runtime::run_to_completion(io, held->async_wait(asio::use_awaitable)));
+  auto r = readers.acquire();
+  CHECK(r->execAndGet("SELECT count(*) FROM t").getInt() == 1);
+}
+
+TEST_CASE("requests after stop are refused with closed, not lost silently") {
+  test::scratch_dir dir("stop");
+  auto w = open_writer(dir.file("t.db"));
+  w->stop();
+  auto st = w->submit("late", 0, [](SQLite::Database&) {});
+  asio::io_context io;
+  auto r = runtime::run_to_completion(io, st->async_wait(asio::use_awaitable));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::closed);
+}
