@@ -1,0 +1,197 @@
+// bench_commit: durable writes per second through the persistence writer
+// (group commit, WAL, synchronous=FULL) with 1, 64 and 1024 concurrent
+// requesters, next to one transaction per write on a plain SQLiteCpp
+// connection with the same pragmas, in the same run and on the same disk.
+//
+// Every write is one INSERT of a small row, prepared inside the write (as a
+// repository would). Each config runs for k_seconds of submissions; writes in
+// flight at the deadline still count. Latency is submit-to-answer. At the end
+// each database is counted: every write answered as committed must be there.
+#include "support.hpp"
+
+#include "tether/persistence/writer.hpp"
+#include "tether/runtime/sync_wait.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include <SQLiteCpp/Statement.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace {
+
+using namespace tether;
+namespace asio = boost::asio;
+namespace bench = tether::bench;
+using asio::awaitable;
+using bench::clock;
+
+constexpr char k_bench[] = "bench_commit";
+constexpr double k_seconds = 3.0;
+constexpr std::size_t k_requester_counts[] = {1, 64, 1024};
+constexpr char k_create[] =
+    "CREATE TABLE IF NOT EXISTS bench("
+    "id INTEGER PRIMARY KEY, requester INTEGER NOT NULL, seq INTEGER NOT NULL, "
+    "payload TEXT NOT NULL)";
+constexpr char k_insert[] = "INSERT INTO bench(requester, seq, payload) VALUES (?, ?, ?)";
+constexpr char k_payload[] = "a small row of about sixty-four bytes, like a receipt's body.";
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "bench_commit: %s\n", what.c_str());
+  std::exit(1);
+}
+
+double ms_since(clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+}
+
+void insert_row(SQLite::Database& db, std::int64_t requester, std::int64_t seq) {
+  SQLite::Statement ins(db, k_insert);
+  ins.bind(1, requester);
+  ins.bind(2, seq);
+  ins.bind(3, k_payload);
+  ins.exec();
+}
+
+std::int64_t count_rows(const std::string& path) {
+  SQLite::Database db(path, SQLite::OPEN_READONLY);
+  return db.execAndGet("SELECT count(*) FROM bench").getInt64();
+}
+
+struct outcome {
+  std::uint64_t writes = 0;
+  double seconds = 0;
+  std::vector<double> latency_ms;
+  double rate() const { return static_cast<double>(writes) / seconds; }
+};
+
+// One transaction per write, one after the other, on its own connection.
+outcome one_transaction_per_write(const std::string& path) {
+  SQLite::Database db(path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+  db.exec("PRAGMA journal_mode = WAL");
+  db.exec("PRAGMA synchronous = FULL");
+  db.exec(k_create);
+  outcome o;
+  auto t0 = clock::now();
+  auto deadline = t0 + std::chrono::duration_cast<clock::duration>(
+      std::chrono::duration<double>(k_seconds));
+  while (clock::now() < deadline) {
+    auto s = clock::now();
+    db.exec("BEGIN");
+    insert_row(db, 0, static_cast<std::int64_t>(o.writes));
+    db.exec("COMMIT");
+    o.latency_ms.push_back(ms_since(s));
+    ++o.writes;
+  }
+  o.seconds = bench::seconds_since(t0);
+  return o;
+}
+
+awaitable<void> create_table(persistence::writer* w) {
+  auto op = [](SQLite::Database& db) { db.exec(k_create); };
+  std::string name = "create bench table";
+  auto r = co_await w->write(std::move(name), 0, std::move(op));
+  if (!r) die("creating the bench table failed: " + r.error().message);
+}
+
+// Writes until the deadline, one write in flight at a time.
+awaitable<void> requester(persistence::writer* w, std::int64_t id, clock::time_point deadline,
+                          outcome* o) {
+  std::int64_t seq = 0;
+  while (clock::now() < deadline) {
+    auto t0 = clock::now();
+    auto op = [id, seq](SQLite::Database& db) { insert_row(db, id, seq); };
+    std::string name = "bench insert";
+    auto r = co_await w->write(std::move(name), sizeof k_payload + 16, std::move(op));
+    if (!r) die("a write failed: " + r.error().message);
+    o->latency_ms.push_back(ms_since(t0));
+    ++o->writes;
+    ++seq;
+  }
+}
+
+struct writer_run {
+  outcome o;
+  persistence::writer_stats stats;  // of the writes only (the CREATE excluded)
+};
+
+writer_run through_writer(const std::string& path, std::size_t requesters) {
+  persistence::db_options opts;
+  opts.path = path;
+  auto w = persistence::writer::open(opts);
+  if (!w) die("writer::open failed: " + w.error().message);
+  asio::io_context io(1);
+  runtime::run_to_completion(io, create_table(w->get()));
+  auto before = (*w)->stats();
+
+  writer_run run;
+  run.o.latency_ms.reserve(200000);
+  auto t0 = clock::now();
+  auto deadline = t0 + std::chrono::duration_cast<clock::duration>(
+      std::chrono::duration<double>(k_seconds));
+  for (std::size_t i = 0; i < requesters; ++i)
+    asio::co_spawn(io, requester(w->get(), static_cast<std::int64_t>(i), deadline, &run.o),
+                   asio::detached);
+  io.restart();
+  io.run();
+  run.o.seconds = bench::seconds_since(t0);
+
+  auto after = (*w)->stats();
+  run.stats.transactions = after.transactions - before.transactions;
+  run.stats.requests = after.requests - before.requests;
+  run.stats.failed_commits = after.failed_commits - before.failed_commits;
+  (*w)->stop();
+  return run;
+}
+
+void check_rows(const std::string& path, std::uint64_t answered) {
+  auto rows = count_rows(path);
+  if (rows != static_cast<std::int64_t>(answered))
+    die(path + " holds " + std::to_string(rows) + " rows but " + std::to_string(answered) +
+        " writes were answered as committed");
+}
+
+std::string make_temp_dir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "tether-bench-commit-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) die("cannot create a temp dir under /tmp");
+  return tmpl;
+}
+
+}  // namespace
+
+int main() {
+  std::string dir = make_temp_dir();
+
+  std::string base_path = dir + "/one-transaction-per-write.db";
+  auto base = one_transaction_per_write(base_path);
+  check_rows(base_path, base.writes);
+  bench::emit(k_bench, "one_transaction_per_write", base.rate(), "writes/s");
+  bench::emit(k_bench, "one_transaction_per_write_p50", bench::percentile(base.latency_ms, 50), "ms");
+  bench::emit(k_bench, "one_transaction_per_write_p99", bench::percentile(base.latency_ms, 99), "ms");
+
+  for (std::size_t n : k_requester_counts) {
+    std::string path = dir + "/writer-" + std::to_string(n) + ".db";
+    auto run = through_writer(path, n);
+    check_rows(path, run.o.writes);
+    std::string f = "writer_" + std::to_string(n) + "_requesters";
+    bench::emit(k_bench, f, run.o.rate(), "writes/s");
+    bench::emit(k_bench, f + "_ratio", run.o.rate() / base.rate(), "writer/one_tx_per_write");
+    bench::emit(k_bench, f + "_p50", bench::percentile(run.o.latency_ms, 50), "ms");
+    bench::emit(k_bench, f + "_p99", bench::percentile(run.o.latency_ms, 99), "ms");
+    bench::emit(k_bench, f + "_transactions", static_cast<double>(run.stats.transactions),
+                "transactions");
+    bench::emit(k_bench, f + "_writes_per_transaction",
+                static_cast<double>(run.stats.requests) /
+                    static_cast<double>(std::max<std::uint64_t>(1, run.stats.transactions)),
+                "writes/transaction");
+    if (run.stats.failed_commits != 0)
+      die(std::to_string(run.stats.failed_commits) + " commits failed");
+  }
+
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return 0;
+}

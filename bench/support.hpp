@@ -1,0 +1,68 @@
+#pragma once
+// Shared by the bench drivers: one JSON figure per line, timing, percentiles,
+// and sizing a run so that it takes about as long as we want.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tether::bench {
+
+using clock = std::chrono::steady_clock;
+
+inline double seconds_since(clock::time_point t0) {
+  return std::chrono::duration<double>(clock::now() - t0).count();
+}
+
+/// Prints {"bench":...,"figure":...,"value":...,"unit":...} and flushes, so a
+/// figure survives a later crash of the same binary.
+inline void emit(std::string_view bench, std::string_view figure, double value,
+                 std::string_view unit) {
+  char num[64];
+  if (!std::isfinite(value))
+    std::snprintf(num, sizeof num, "null");
+  else if (std::fabs(value) >= 100)
+    std::snprintf(num, sizeof num, "%.0f", value);
+  else
+    std::snprintf(num, sizeof num, "%.4g", value);
+  std::printf("{\"bench\":\"%.*s\",\"figure\":\"%.*s\",\"value\":%s,\"unit\":\"%.*s\"}\n",
+              static_cast<int>(bench.size()), bench.data(), static_cast<int>(figure.size()),
+              figure.data(), num, static_cast<int>(unit.size()), unit.data());
+  std::fflush(stdout);
+}
+
+/// The p-th percentile (0..100) by nearest rank; reorders `v`.
+inline double percentile(std::vector<double>& v, double p) {
+  if (v.empty()) return NAN;
+  auto rank = static_cast<std::size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
+  auto k = std::min(v.size() - 1, rank == 0 ? 0 : rank - 1);
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
+/// Runs `run(n)` (which returns its elapsed seconds) with growing n until one
+/// run takes at least 50 ms, then returns the n that should take `seconds`.
+template <class Run>
+std::uint64_t size_for(Run&& run, double seconds, std::uint64_t n = 1000) {
+  for (;;) {
+    double t = run(n);
+    if (t >= 0.05) return std::max<std::uint64_t>(n, static_cast<std::uint64_t>(n * seconds / t));
+    n *= t < 0.005 ? 16 : 4;
+  }
+}
+
+/// Resident set size of this process in bytes (VmRSS), or -1 if unreadable.
+inline long long rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return -1;
+}
+
+}  // namespace tether::bench
