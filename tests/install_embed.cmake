@@ -1,0 +1,30 @@
+# install_and_embed: installs this build tree into a scratch prefix, then
+# configures, builds and runs examples/embed against it through
+# find_package(tether CONFIG). Run by ctest (tests/CMakeLists.txt):
+#   cmake -DSRC=<source dir> -DBIN=<build dir> -DWORK=<scratch dir>
+#         -DGENERATOR=<generator> -DCXX=<compiler> -P install_embed.cmake
+# The scratch dir is removed on success and kept on failure for a look.
+foreach(v SRC BIN WORK GENERATOR CXX)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "install_embed.cmake needs -D${v}=...")
+  endif()
+endforeach()
+file(REMOVE_RECURSE "${WORK}")
+
+function(step what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc}); ${WORK} was kept:\n${out}")
+  endif()
+  message(STATUS "${what}: ok")
+  set(step_output "${out}" PARENT_SCOPE)
+endfunction()
+
+step("cmake --install" "${CMAKE_COMMAND}" --install "${BIN}" --prefix "${WORK}/prefix")
+step("configure examples/embed" "${CMAKE_COMMAND}" -S "${SRC}/examples/embed" -B "${WORK}/build"
+     -G "${GENERATOR}" "-DCMAKE_CXX_COMPILER=${CXX}" "-DCMAKE_PREFIX_PATH=${WORK}/prefix"
+     -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
+step("build examples/embed" "${CMAKE_COMMAND}" --build "${WORK}/build")
+step("run embed" "${WORK}/build/embed")
+message(STATUS "${step_output}")
+file(REMOVE_RECURSE "${WORK}")
