@@ -19,6 +19,7 @@ CREATE TABLE sessions (
   time_idle       INTEGER,
   seq             INTEGER NOT NULL DEFAULT 0,  -- last durable sequence number
   revert_staged   INTEGER NOT NULL DEFAULT 0,
+  input_cursor    INTEGER NOT NULL DEFAULT 0,  -- inputs up to here were settled
   created_at      INTEGER NOT NULL
 );
 CREATE INDEX sessions_parent ON sessions(parent_id);

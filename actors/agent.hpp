@@ -1,0 +1,75 @@
+#pragma once
+// Where the host's agent logic plugs in: a coroutine called once per drain
+// with the inputs that arrived since the last drain, and a context through
+// which it answers, starts jobs and subagents, and reads state.
+#include "tether/persistence/report_store.hpp"
+#include "tether/protocol/ids.hpp"
+
+#include <boost/asio/awaitable.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tether::actors {
+
+namespace asio = boost::asio;
+using asio::awaitable;
+using persistence::message_row;
+using persistence::session_row;
+using protocol::session_id;
+
+struct drain_input {
+  std::vector<message_row> inputs;  // user messages (prompts, steers, reports, notices), by seq
+  int drain_index = 0;              // 0 for the first drain of a busy period
+};
+
+struct spawn_request {
+  std::string description;
+  std::string prompt;
+  std::string agent = "general";
+  std::optional<bool> notify;            // nullopt: new child on, follow-up keeps its setting
+  std::optional<session_id> child;       // a follow-up to this child, or the id for a new one
+  bool fork = false;                     // a fork has no parent: notify is irrelevant
+};
+
+class agent_context {
+ public:
+  virtual ~agent_context() = default;
+  virtual const session_id& self() const = 0;
+  /// Appends a completed assistant message.
+  virtual awaitable<result<std::int64_t>> say(std::string text) = 0;
+  /// Appends an error assistant message; the busy period ends in state "error".
+  virtual awaitable<result<std::int64_t>> fail(std::string text) = 0;
+  /// Starts a child in the background: its running job row is written before
+  /// its busy period can start. Returns the child's id at once.
+  virtual awaitable<result<session_id>> spawn_background(spawn_request req) = 0;
+  /// Runs a child under a blocking tool call: returns its report inline.
+  virtual awaitable<result<std::string>> spawn_foreground(spawn_request req) = 0;
+  /// Starts a background shell (a real process); returns its shell id. Its
+  /// exit wakes this session with a notice.
+  virtual awaitable<result<std::string>> start_shell(std::string command) = 0;
+  /// Asks for one more drain before this busy period settles.
+  virtual void wake_self() = 0;
+  /// The durable transcript of this session.
+  virtual result<std::vector<message_row>> transcript() = 0;
+  /// How many user messages this session had up to `seq` (1-based ordinal).
+  virtual result<std::int64_t> input_ordinal(std::int64_t seq) = 0;
+};
+
+class agent {
+ public:
+  virtual ~agent() = default;
+  /// One drain. Throwing ends the busy period in state "error" with the
+  /// exception's text; cancellation (interrupt) ends it "cancelled".
+  virtual awaitable<void> drain(agent_context& ctx, drain_input in) = 0;
+};
+
+class agent_factory {
+ public:
+  virtual ~agent_factory() = default;
+  virtual std::shared_ptr<agent> make(const session_row& session) = 0;
+};
+
+}  // namespace tether::actors

@@ -1,0 +1,449 @@
+#include "tether/actors/host.hpp"
+
+#include "tether/runtime/crash_point.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <cstdio>
+#include <set>
+
+namespace tether::actors {
+
+using persistence::job_row;
+using persistence::job_status;
+
+result<std::unique_ptr<host>> host::open(host_options opts) {
+  if (!opts.agents)
+    return error{errc::invalid, "host_options.agents is empty: a host needs an agent factory"};
+  if (opts.shell_dir.empty()) opts.shell_dir = opts.db_path + ".shells";
+  std::unique_ptr<host> h(new host(opts));
+  persistence::db_options dbo;
+  dbo.path = opts.db_path;
+  dbo.sync = opts.sync;
+  auto w = persistence::writer::open(dbo);
+  if (!w) return w.error();
+  h->writer_ = std::move(*w);
+  h->store_ = std::make_unique<persistence::report_store>(*h->writer_, opts.db_path);
+  h->shells_ = std::make_unique<shell_runner>(
+      h->pool_->at(0), opts.shell_dir,
+      [hp = h.get()](const shell_info& s, const std::string& notice) { hp->shell_exited(s, notice); });
+  return h;
+}
+
+host::host(host_options opts)
+    : opts_(std::move(opts)), pool_(std::make_unique<runtime::executor_pool>(opts_.threads)) {}
+
+host::~host() { shutdown(); }
+
+void host::warn(const std::string& w) {
+  if (opts_.log)
+    opts_.log(w);
+  else
+    std::fprintf(stderr, "tether: %s\n", w.c_str());
+}
+
+std::int64_t host::next_generation() { return ++generation_; }
+
+void host::activity(int delta) {
+  std::vector<std::shared_ptr<runtime::one_shot<int>>> ready;
+  {
+    std::lock_guard lk(activity_m_);
+    active_ += delta;
+    if (active_ == 0) ready.swap(quiescent_waiters_);
+  }
+  for (auto& w : ready) w->set(0);
+}
+
+void host::wake(session& s, wake_scope scope, bool report) {
+  activity(+1);
+  if (!s.tell(session_msg::wake{scope, report, true})) activity(-1);
+}
+
+awaitable<void> host::wait_quiescent() {
+  auto w = runtime::one_shot<int>::make();
+  {
+    std::lock_guard lk(activity_m_);
+    if (active_ == 0) co_return;
+    quiescent_waiters_.push_back(w);
+  }
+  co_await w->async_wait(asio::use_awaitable);
+}
+
+result<std::shared_ptr<session>> host::get(const session_id& s) {
+  {
+    std::lock_guard lk(m_);
+    auto it = sessions_.find(s);
+    if (it != sessions_.end()) return it->second;
+  }
+  auto row = store_->session(s);
+  if (!row) return row.error();
+  if (!*row) return error{errc::not_found, "session '" + s.str() + "' does not exist"};
+  std::lock_guard lk(m_);
+  auto it = sessions_.find(s);
+  if (it != sessions_.end()) return it->second;
+  auto a = opts_.agents->make(**row);
+  auto ptr = std::make_shared<session>(pool_->next(), *this, **row, std::move(a));
+  sessions_.emplace(s, ptr);
+  auto& info = directory_[s];
+  info.parent = (*row)->parent;
+  info.agent = (*row)->agent;
+  info.description = (*row)->description;
+  if (info.parent) {
+    auto& p = directory_[*info.parent].children;
+    if (std::find(p.begin(), p.end(), s) == p.end()) p.push_back(s);
+  }
+  return ptr;
+}
+
+void host::note_phase(const session_id& s, bool busy, bool settling, bool foreground) {
+  std::lock_guard lk(m_);
+  auto& i = directory_[s];
+  i.busy = busy;
+  i.settling = settling;
+  i.foreground = foreground;
+}
+
+void host::note_child(const session_id& parent, const session_id& child) {
+  std::lock_guard lk(m_);
+  auto& p = directory_[parent].children;
+  if (std::find(p.begin(), p.end(), child) == p.end()) p.push_back(child);
+  directory_[child].parent = parent;
+}
+
+std::vector<protocol::running_item> host::outstanding(const session_id& s) {
+  std::vector<protocol::running_item> shells, subagents;
+  std::vector<shell_info> running_shells;
+  {
+    std::lock_guard lk(shells_m_);
+    for (auto& [id, info] : shell_table_) running_shells.push_back(info);
+  }
+  std::lock_guard lk(m_);
+  std::set<session_id> under;
+  std::vector<session_id> stack{s};
+  while (!stack.empty()) {
+    auto cur = stack.back();
+    stack.pop_back();
+    if (!under.insert(cur).second) continue;
+    auto it = directory_.find(cur);
+    if (it == directory_.end()) continue;
+    for (auto& c : it->second.children) {
+      auto ci = directory_.find(c);
+      // Settling, cancelled or foreground-blocking descendants are not listed.
+      if (ci != directory_.end() && ci->second.busy && !ci->second.settling && !ci->second.foreground)
+        subagents.push_back({"subagent", ci->second.agent + ", sessionID: " + c.str(),
+                             ci->second.description});
+      stack.push_back(c);
+    }
+  }
+  for (auto& sh : running_shells)
+    if (under.count(sh.owner)) shells.push_back({"shell", sh.id, sh.command});
+  shells.insert(shells.end(), subagents.begin(), subagents.end());
+  return shells;
+}
+
+awaitable<result<session_id>> host::create_session(std::string description,
+                                                   std::optional<session_id> id, std::string agent) {
+  persistence::session_row row;
+  row.id = id ? *id : session_id(protocol::mint("ses"));
+  row.description = std::move(description);
+  row.agent = std::move(agent);
+  auto sid = row.id;
+  auto r = co_await store_->create_session(std::move(row));
+  if (!r) co_return r.error();
+  co_return sid;
+}
+
+awaitable<result<std::int64_t>> host::prompt(session_id s, std::string text, bool steer) {
+  auto sess = get(s);
+  if (!sess) co_return sess.error();
+  session_msg::input in{steer ? "steer" : "prompt", std::move(text), {}};
+  co_return co_await (*sess)->ask(std::move(in));
+}
+
+void host::interrupt(const session_id& s) {
+  if (auto sess = get(s)) (*sess)->tell(session_msg::interrupt{});
+}
+
+awaitable<result<void>> host::stage_revert(session_id s, bool staged) {
+  auto sess = get(s);
+  if (!sess) co_return sess.error();
+  session_msg::set_revert m{staged, {}};
+  co_return co_await (*sess)->ask(std::move(m));
+}
+
+awaitable<result<notification_id>> host::background(session_id child) {
+  auto sess = get(child);
+  if (!sess) co_return sess.error();
+  session_msg::to_background m;
+  co_return co_await (*sess)->ask(std::move(m));
+}
+
+awaitable<result<void>> host::wait_idle(session_id s) {
+  auto sess = get(s);
+  if (!sess) co_return sess.error();
+  session_msg::wait_idle m;
+  co_return co_await (*sess)->ask(std::move(m));
+}
+
+awaitable<result<void>> host::deliver(notification_id nid, session_id parent,
+                                      std::optional<session_id> from, std::string body) {
+  activity(+1);
+  struct done_guard {
+    host* h;
+    ~done_guard() { h->activity(-1); }
+  } guard{this};
+  auto p = get(parent);
+  if (!p && p.error().code == errc::not_found) {
+    // Deleted parent: nobody is owed this report any more.
+    warn("report " + nid.str() + ": parent " + parent.str() + " is gone; the row was cleared");
+    co_return co_await store_->complete(nid);
+  }
+  if (!p) co_return p.error();
+  session_msg::admit a{nid, std::move(from), std::move(body), {}};
+  auto admitted = co_await (*p)->ask(std::move(a));
+  if (!admitted && admitted.error().code == errc::not_found) {
+    warn("report " + nid.str() + ": " + admitted.error().message + "; the row was cleared");
+    co_return co_await store_->complete(nid);
+  }
+  if (!admitted) co_return admitted.error();
+  TETHER_CRASH_POINT("report.admit.after_commit");
+  auto c = co_await store_->complete(nid);
+  if (!c) co_return c.error();
+  TETHER_CRASH_POINT("report.complete.after_commit");
+  wake(**p, wake_scope::steer, true);
+  TETHER_CRASH_POINT("report.wake.after_tell");
+  co_return result<void>{};
+}
+
+awaitable<result<std::string>> host::start_shell(session_id owner, std::string command) {
+  shell_info s;
+  s.id = protocol::mint("sh");
+  s.owner = owner;
+  s.command = command;
+  // Ownership is on disk before the process exists.
+  job_row row;
+  row.id = protocol::job_id(s.id);
+  row.nid = notification_id(s.id);
+  row.kind = "shell";
+  row.child = owner;
+  row.description = command;
+  auto w = co_await store_->write_job(std::move(row));
+  if (!w) co_return w.error();
+  TETHER_CRASH_POINT("shell.after_register");
+  activity(+1);
+  {
+    std::lock_guard lk(shells_m_);
+    shell_table_[s.id] = s;
+  }
+  auto started = shells_->start(s);
+  if (!started) {
+    {
+      std::lock_guard lk(shells_m_);
+      shell_table_.erase(s.id);
+    }
+    auto notice = shell_runner::render_notice(s, -1, started.error().message);
+    auto id = s.id;
+    asio::co_spawn(pool_->at(0), finish_shell(std::move(s), std::move(notice)), asio::detached);
+    co_return started.error();
+  }
+  co_return s.id;
+}
+
+void host::shell_exited(const shell_info& s, const std::string& notice) {
+  if (shutting_down()) return;
+  asio::co_spawn(pool_->at(0), finish_shell(s, notice), asio::detached);
+}
+
+awaitable<void> host::finish_shell(shell_info s, std::string notice) {
+  auto r = co_await store_->finish_shell(notification_id(s.id), s.owner, std::move(notice));
+  {
+    std::lock_guard lk(shells_m_);
+    shell_table_.erase(s.id);
+  }
+  if (!r) {
+    warn("shell " + s.id + ": its notice was not written: " + r.error().message);
+  } else {
+    TETHER_CRASH_POINT("shell.after_finish");
+    if (auto o = get(s.owner)) wake(**o, wake_scope::input, true);
+  }
+  activity(-1);
+}
+
+awaitable<result<void>> host::deliver_safe(job_row row, boot_report& rep) {
+  if (!row.parent) {
+    warn("job " + row.id.str() + " has no parent to report to; the row was cleared");
+    ++rep.cleared;
+    co_return co_await store_->complete(row.nid);
+  }
+  auto r = co_await deliver(row.nid, *row.parent, row.child, row.body.value_or(""));
+  if (!r) {
+    // An id conflict or any other failure: keep the row, move on.
+    warn("boot: report " + row.nid.str() + " to " + row.parent->str() + " not delivered: " +
+         r.error().message + "; the row was kept");
+    ++rep.kept;
+    co_return r;
+  }
+  ++rep.delivered;
+  co_return result<void>{};
+}
+
+awaitable<result<boot_report>> host::boot() {
+  boot_report rep;
+  auto sessions = store_->sessions();
+  if (!sessions)
+    co_return error{sessions.error().code, "refusing to boot: " + sessions.error().message};
+  auto jobs = store_->jobs();
+  if (!jobs) co_return error{jobs.error().code, "refusing to boot: " + jobs.error().message};
+  for (auto& s : *sessions) {
+    std::lock_guard lk(m_);
+    auto& i = directory_[s.id];
+    i.parent = s.parent;
+    i.agent = s.agent;
+    i.description = s.description;
+    if (s.parent) {
+      auto& p = directory_[*s.parent].children;
+      if (std::find(p.begin(), p.end(), s.id) == p.end()) p.push_back(s.id);
+    }
+  }
+
+  // Phase 1: deliver terminal rows as they are; count running rows against
+  // the child's resume budget.
+  std::set<session_id> children_with_jobs;
+  for (auto& row : *jobs) {
+    if (row.kind == "shell") {
+      if (!row.child) continue;
+      shell_info s{row.id.str(), *row.child, row.description, -1};
+      activity(+1);
+      {
+        std::lock_guard lk(shells_m_);
+        shell_table_[s.id] = s;
+      }
+      shells_->reattach(s);
+      ++rep.shells_reattached;
+      continue;
+    }
+    if (row.status != job_status::running) {
+      co_await deliver_safe(std::move(row), rep);
+      continue;
+    }
+    if (!row.child) continue;
+    auto attempts = co_await store_->bump_resume(*row.child);
+    if (!attempts) {
+      warn("boot: job " + row.id.str() + ": " + attempts.error().message + "; the row was kept");
+      ++rep.kept;
+      continue;
+    }
+    job_binding b;
+    b.id = row.id;
+    b.nid = row.nid;
+    b.generation = row.generation;
+    b.background = true;
+    b.parent = row.parent;
+    b.description = row.description;
+    if (*attempts > opts_.resume_budget) {
+      // Out of resumes: the job reports an error instead of running again.
+      auto child = get(*row.child);
+      if (!child) continue;
+      persistence::settle_request req;
+      req.child = *row.child;
+      req.outcome = protocol::report_state::error;
+      req.background_job = row.id;
+      bool deliverable = (*child)->row().parent && (*child)->row().notify.value_or(true);
+      req.drop_background = !deliverable;
+      req.body = protocol::render_report(
+          *row.child, protocol::report_state::error, row.description,
+          "Subagent failed: resume budget of " + std::to_string(opts_.resume_budget) +
+              " exhausted after a restart");
+      auto body = req.body;
+      auto settled = co_await store_->settle(std::move(req));
+      ++rep.exhausted;
+      if (settled && settled->row_written && row.parent) {
+        row.body = body;
+        co_await deliver_safe(std::move(row), rep);
+      }
+      continue;
+    }
+    children_with_jobs.insert(*row.child);
+    auto child = get(*row.child);
+    if (child) {
+      session_msg::bind_job bind{std::move(b)};
+      (*child)->tell(std::move(bind));
+    }
+  }
+
+  // Phases 2 and 3: resume suspended sessions, top-level first. A session
+  // with reports waiting in its inbox is woken too.
+  auto refreshed = store_->sessions();
+  if (!refreshed) co_return error{refreshed.error().code, "refusing to boot: " + refreshed.error().message};
+  for (int phase = 2; phase <= 3; ++phase) {
+    for (auto& s : *refreshed) {
+      bool top = !s.parent.has_value();
+      if ((phase == 2) != top) continue;
+      auto inbox = store_->inbox(s.id);
+      bool pending = false;
+      if (inbox)
+        for (auto& i : *inbox) pending |= !i.acked;
+      bool suspended = s.time_suspended.has_value();
+      if (suspended && !top && !children_with_jobs.count(s.id)) {
+        // A child mid-turn with no job row (seed §6, deferred): its claim is
+        // released, as a foreground child whose parent retries.
+        persistence::settle_request req;
+        req.child = s.id;
+        req.input_cursor = s.input_cursor;
+        auto rel = co_await store_->settle(std::move(req));
+        if (!rel) warn("boot: releasing the claim of " + s.id.str() + ": " + rel.error().message);
+        suspended = false;
+      }
+      if (!suspended && !(pending && !s.revert_staged)) continue;
+      auto sess = get(s.id);
+      if (!sess) continue;
+      wake(**sess, wake_scope::input, false);
+      (phase == 2 ? rep.resumed_top : rep.resumed_children)++;
+    }
+  }
+  co_return rep;
+}
+
+void host::shutdown() {
+  {
+    std::lock_guard lk(activity_m_);
+    if (shut_) return;
+    shut_ = true;
+  }
+  shutting_down_ = true;
+  if (shells_) shells_->stop();
+  std::vector<std::shared_ptr<session>> all;
+  {
+    std::lock_guard lk(m_);
+    for (auto& [id, s] : sessions_) all.push_back(s);
+  }
+  // Every session stops its busy period without settling (claims and
+  // running rows stay for the next boot), then its mailbox.
+  auto stop_all = [](std::vector<std::shared_ptr<session>> all) -> awaitable<void> {
+    std::vector<std::shared_ptr<runtime::one_shot<result<void>>>> acks;
+    for (auto& s : all) {
+      auto st = runtime::one_shot<result<void>>::make();
+      session_msg::shutdown m{runtime::reply_to<void>(st)};
+      if (s->tell(std::move(m))) acks.push_back(st);
+    }
+    for (auto& a : acks) co_await a->async_wait(asio::use_awaitable);
+    for (auto& s : all) co_await s->stop();
+  };
+  if (!all.empty()) {
+    try {
+      runtime::sync_wait(pool_->at(0), stop_all(std::move(all)));
+    } catch (const std::exception& e) {
+      warn(std::string("shutdown: ") + e.what());
+    }
+  }
+  if (writer_) writer_->stop();
+  pool_->stop();
+  {
+    std::lock_guard lk(m_);
+    sessions_.clear();
+  }
+}
+
+}  // namespace tether::actors

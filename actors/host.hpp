@@ -1,0 +1,142 @@
+#pragma once
+// The host: owns the executors, the single writer, the session actors and the
+// background shells, boots from disk in three phases, and delivers reports.
+//
+// A report's path after its settle commit (crash points in brackets):
+//   [report.settle.after_commit] parent admits it into its inbox
+//   [report.admit.after_commit]  the job row completes (outbox row deleted)
+//   [report.complete.after_commit] the parent is woken (unless a revert is staged)
+//   [report.wake.after_tell] the parent's drain moves it into the transcript
+//   and acknowledges it in one transaction [report.drain.after_ack].
+// A crash anywhere is repaired at boot from what is on disk.
+#include "tether/actors/agent.hpp"
+#include "tether/actors/session.hpp"
+#include "tether/actors/shell.hpp"
+#include "tether/persistence/report_store.hpp"
+#include "tether/persistence/writer.hpp"
+#include "tether/runtime/executor_pool.hpp"
+#include "tether/runtime/sync_wait.hpp"
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace tether::actors {
+
+struct host_options {
+  std::string db_path;
+  persistence::sync_mode sync = persistence::sync_mode::full;
+  std::size_t threads = 0;  // 0 = one per core
+  int resume_budget = 3;    // resumes of a child before its job reports an error
+  std::shared_ptr<agent_factory> agents;
+  std::string shell_dir;  // shell output and status files; default <db_path>.shells
+  /// Where warnings go (boot: id conflicts, cleared rows). Default: stderr.
+  std::function<void(const std::string&)> log;
+};
+
+struct boot_report {
+  int delivered = 0;       // terminal rows delivered in phase 1
+  int cleared = 0;         // rows cleared: deleted parent or silent child
+  int kept = 0;            // rows kept after a conflict
+  int exhausted = 0;       // running rows whose child ran out of resumes
+  int resumed_top = 0;     // phase 2
+  int resumed_children = 0;  // phase 3
+  int shells_reattached = 0;
+  int shells_finished = 0;
+  std::vector<std::string> warnings;
+};
+
+class host {
+ public:
+  static result<std::unique_ptr<host>> open(host_options opts);
+  ~host();
+  host(const host&) = delete;
+  host& operator=(const host&) = delete;
+
+  /// The seed's three phases: (1) deliver terminal job rows without a model
+  /// turn and count running rows against resume budgets, (2) resume suspended
+  /// top-level sessions, (3) then resume children.
+  awaitable<result<boot_report>> boot();
+
+  /// Creates a top-level session.
+  awaitable<result<session_id>> create_session(std::string description,
+                                               std::optional<session_id> id = {},
+                                               std::string agent = "general");
+  /// Appends a prompt (or steer) durably, then wakes the session.
+  awaitable<result<std::int64_t>> prompt(session_id s, std::string text, bool steer = false);
+  void interrupt(const session_id& s);
+  awaitable<result<void>> stage_revert(session_id s, bool staged);
+  /// Turns a child's foreground job into a background one; refused while settling.
+  awaitable<result<notification_id>> background(session_id child);
+  /// Resolves once the session is idle (after its settle).
+  awaitable<result<void>> wait_idle(session_id s);
+  /// Resolves once nothing runs: no busy period, shell or delivery in flight.
+  awaitable<void> wait_quiescent();
+
+  /// Graceful shutdown: keeps claims and running rows, sends no cancelled
+  /// report. Idempotent.
+  void shutdown();
+
+  persistence::report_store& store() { return *store_; }
+  runtime::executor_pool& pool() { return *pool_; }
+  const host_options& options() const { return opts_; }
+
+  // --- used by sessions ---
+  result<std::shared_ptr<session>> get(const session_id& s);
+  /// admit → complete → wake, shared by the live settle and boot.
+  awaitable<result<void>> deliver(notification_id nid, session_id parent,
+                                  std::optional<session_id> from, std::string body);
+  /// Shells and subagents still running under `s` (its own shells included).
+  std::vector<protocol::running_item> outstanding(const session_id& s);
+  void note_phase(const session_id& s, bool busy, bool settling, bool foreground);
+  void note_child(const session_id& parent, const session_id& child);
+  awaitable<result<std::string>> start_shell(session_id owner, std::string command);
+  std::int64_t next_generation();
+  void activity(int delta);
+  /// Tells `s` to wake; counted as activity until handled, so quiescence
+  /// cannot be observed while a wake is in a mailbox.
+  void wake(session& s, wake_scope scope, bool report);
+  bool shutting_down() const { return shutting_down_.load(); }
+  void warn(const std::string& w);
+
+ private:
+  explicit host(host_options opts);
+  void shell_exited(const shell_info& s, const std::string& notice);
+  awaitable<void> finish_shell(shell_info s, std::string notice);
+  awaitable<result<void>> deliver_safe(persistence::job_row row, boot_report& rep);
+
+  struct session_info {
+    std::optional<session_id> parent;
+    std::string agent;
+    std::string description;
+    bool busy = false;
+    bool settling = false;
+    bool foreground = false;
+    std::vector<session_id> children;
+  };
+
+  host_options opts_;
+  std::unique_ptr<runtime::executor_pool> pool_;
+  std::unique_ptr<persistence::writer> writer_;
+  std::unique_ptr<persistence::report_store> store_;
+  std::unique_ptr<shell_runner> shells_;
+
+  std::mutex m_;
+  std::map<session_id, std::shared_ptr<session>> sessions_;
+  std::map<session_id, session_info> directory_;
+  std::atomic<std::int64_t> generation_{0};
+
+  std::mutex shells_m_;
+  std::map<std::string, shell_info> shell_table_;
+
+  std::mutex activity_m_;
+  long active_ = 0;
+  std::vector<std::shared_ptr<runtime::one_shot<int>>> quiescent_waiters_;
+  std::atomic<bool> shutting_down_{false};
+  bool shut_ = false;
+};
+
+}  // namespace tether::actors

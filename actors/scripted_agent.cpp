@@ -1,0 +1,125 @@
+#include "tether/actors/scripted_agent.hpp"
+
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <stdexcept>
+
+namespace tether::actors {
+
+namespace {
+
+class scripted_agent : public agent {
+ public:
+  scripted_agent(scripted_agents& owner, session_id id) : owner_(owner), id_(std::move(id)) {}
+
+  awaitable<void> drain(agent_context& ctx, drain_input in) override {
+    for (auto& input : in.inputs) {
+      auto ordinal = ctx.input_ordinal(input.seq);
+      if (!ordinal) throw std::runtime_error(ordinal.error().message);
+      auto turn = owner_.turn(id_, static_cast<int>(*ordinal));
+      if (!turn) continue;
+      for (auto& a : turn->actions) co_await act(ctx, a);
+    }
+  }
+
+ private:
+  awaitable<void> act(agent_context& ctx, const script_action& a) {
+    using k = script_action::kind;
+    switch (a.what) {
+      case k::say: {
+        auto r = co_await ctx.say(a.text);
+        if (!r) throw error_exception(r.error());
+        owner_.note(id_.str() + " says: " + a.text);
+        break;
+      }
+      case k::fail: {
+        auto r = co_await ctx.fail(a.text);
+        if (!r) throw error_exception(r.error());
+        owner_.note(id_.str() + " fails: " + a.text);
+        break;
+      }
+      case k::raise:
+        throw std::runtime_error(a.text);
+      case k::shell: {
+        auto r = co_await ctx.start_shell(a.text);
+        if (!r) throw error_exception(r.error());
+        owner_.note(id_.str() + " starts shell " + *r + ": " + a.text);
+        break;
+      }
+      case k::spawn: {
+        spawn_request req;
+        req.description = a.description;
+        req.prompt = a.text;
+        req.agent = a.agent;
+        req.notify = a.notify;
+        if (!a.child.empty()) req.child = session_id(a.child);
+        if (a.background) {
+          auto r = co_await ctx.spawn_background(std::move(req));
+          if (!r) throw error_exception(r.error());
+          owner_.note(id_.str() + " spawns " + r->str() + " in the background: " + a.description);
+        } else {
+          owner_.note(id_.str() + " calls " + a.child + " in the foreground: " + a.description);
+          auto r = co_await ctx.spawn_foreground(std::move(req));
+          if (!r) throw error_exception(r.error());
+          owner_.note_inline(*r);
+        }
+        break;
+      }
+      case k::wake_self:
+        for (int i = 0; i < a.count; ++i) ctx.wake_self();
+        break;
+      case k::wait_cancel: {
+        // Suspends until an interrupt cancels the drain.
+        asio::steady_timer t(co_await asio::this_coro::executor);
+        t.expires_at(asio::steady_timer::time_point::max());
+        co_await t.async_wait(asio::use_awaitable);
+        break;
+      }
+    }
+  }
+
+  scripted_agents& owner_;
+  session_id id_;
+};
+
+}  // namespace
+
+void scripted_agents::on_input(const session_id& s, int ordinal, script_turn t) {
+  std::lock_guard lk(m_);
+  turns_[{s.str(), ordinal}] = std::move(t);
+}
+
+std::optional<script_turn> scripted_agents::turn(const session_id& s, int ordinal) const {
+  std::lock_guard lk(m_);
+  auto it = turns_.find({s.str(), ordinal});
+  if (it == turns_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::shared_ptr<agent> scripted_agents::make(const session_row& session) {
+  return std::make_shared<scripted_agent>(*this, session.id);
+}
+
+std::vector<std::string> scripted_agents::log() const {
+  std::lock_guard lk(m_);
+  return log_;
+}
+
+void scripted_agents::note(std::string line) {
+  std::lock_guard lk(m_);
+  log_.push_back(std::move(line));
+}
+
+std::vector<std::string> scripted_agents::inline_results() const {
+  std::lock_guard lk(m_);
+  return inline_;
+}
+
+void scripted_agents::note_inline(std::string r) {
+  std::lock_guard lk(m_);
+  inline_.push_back(std::move(r));
+}
+
+}  // namespace tether::actors

@@ -1,0 +1,61 @@
+#pragma once
+// A scripted agent for tests, the demo and scenario files. A session's script
+// maps the ordinal of a user input (1 = its first prompt, report or notice)
+// to the actions of the turn that reacts to it. Because the ordinal is read
+// from the durable transcript, a turn replayed after a crash is the same turn.
+#include "tether/actors/agent.hpp"
+
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tether::actors {
+
+struct script_action {
+  enum class kind {
+    say,         // text: a completed answer
+    fail,        // text: an error answer (busy period ends "error")
+    raise,       // text: the drain throws
+    shell,       // text: the command of a background shell
+    spawn,       // child, description, text (prompt), notify, background
+    wake_self,   // count: this many self-wakes in a row
+    wait_cancel, // blocks until the drain is cancelled (an interrupt)
+  };
+  kind what = kind::say;
+  std::string text;
+  std::string child;
+  std::string description;
+  std::string agent = "general";
+  std::optional<bool> notify;
+  bool background = true;
+  int count = 1;
+};
+
+struct script_turn {
+  std::vector<script_action> actions;
+};
+
+class scripted_agents : public agent_factory {
+ public:
+  /// The turn session `s` plays on its `ordinal`-th input.
+  void on_input(const session_id& s, int ordinal, script_turn t);
+  std::shared_ptr<agent> make(const session_row& session) override;
+
+  /// What the scripted turns did, in order (for timelines and tests).
+  std::vector<std::string> log() const;
+  void note(std::string line);
+  /// Foreground spawns return their report inline; they are kept here.
+  std::vector<std::string> inline_results() const;
+  void note_inline(std::string r);
+  std::optional<script_turn> turn(const session_id& s, int ordinal) const;
+
+ private:
+  mutable std::mutex m_;
+  std::map<std::pair<std::string, int>, script_turn> turns_;
+  std::vector<std::string> log_;
+  std::vector<std::string> inline_;
+};
+
+}  // namespace tether::actors

@@ -1,0 +1,433 @@
+#include "tether/actors/session.hpp"
+
+#include "tether/actors/host.hpp"
+#include "tether/protocol/report.hpp"
+#include "tether/runtime/crash_point.hpp"
+
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+namespace tether::actors {
+
+using protocol::report_state;
+
+// The agent's window onto its session during one busy period. All calls run
+// on the session's executor.
+class session::context : public agent_context {
+ public:
+  explicit context(std::shared_ptr<session> s) : s_(std::move(s)) {}
+
+  const session_id& self() const override { return s_->id(); }
+
+  awaitable<result<std::int64_t>> say(std::string text) override {
+    co_return co_await s_->host_.store().append(s_->id(), "assistant", "answer", "completed",
+                                                std::move(text));
+  }
+
+  awaitable<result<std::int64_t>> fail(std::string text) override {
+    s_->failed_ = true;
+    s_->error_text_ = text;
+    co_return co_await s_->host_.store().append(s_->id(), "assistant", "answer", "error",
+                                                std::move(text));
+  }
+
+  awaitable<result<session_id>> spawn_background(spawn_request req) override {
+    auto r = co_await spawn(std::move(req), true);
+    if (!r) co_return r.error();
+    co_return r->first;
+  }
+
+  awaitable<result<std::string>> spawn_foreground(spawn_request req) override {
+    auto r = co_await spawn(std::move(req), false);
+    if (!r) co_return r.error();
+    auto reply = r->second;
+    co_return co_await reply->async_wait(asio::use_awaitable);
+  }
+
+  awaitable<result<std::string>> start_shell(std::string command) override {
+    co_return co_await s_->host_.start_shell(s_->id(), std::move(command));
+  }
+
+  void wake_self() override { s_->ring(wake_scope::input); }
+
+  result<std::vector<message_row>> transcript() override {
+    return s_->host_.store().messages(s_->id());
+  }
+
+  result<std::int64_t> input_ordinal(std::int64_t seq) override {
+    return s_->host_.store().user_ordinal(s_->id(), seq);
+  }
+
+ private:
+  using inline_reply = std::shared_ptr<runtime::one_shot<result<std::string>>>;
+
+  // Registers the job before the child's busy period can start: the child
+  // row, its prompt and (background) the running job row in one transaction,
+  // then the binding, then the wake.
+  awaitable<result<std::pair<session_id, inline_reply>>> spawn(spawn_request req, bool background) {
+    host& h = s_->host_;
+    session_id child = req.child ? *req.child : session_id(protocol::mint("ses"));
+    auto existing = h.store().session(child);
+    if (!existing) co_return existing.error();
+    std::optional<session_row> create;
+    std::optional<session_id> parent;
+    std::optional<bool> notify;
+    if (*existing) {
+      if ((*existing)->parent != s_->id() && !req.fork)
+        co_return error{errc::refused, "session '" + child.str() + "' is not a child of '" +
+                                           s_->id().str() + "'; no follow-up was sent"};
+      parent = (*existing)->parent;
+      notify = req.notify ? req.notify : (*existing)->notify;  // a follow-up keeps it
+    } else {
+      session_row row;
+      row.id = child;
+      if (!req.fork) {
+        row.parent = s_->id();
+        row.notify = req.notify;  // nullopt = on; never inherited from us
+        parent = row.parent;
+        notify = req.notify;
+      }
+      row.description = req.description;
+      row.agent = req.agent;
+      create = std::move(row);
+    }
+    job_binding job;
+    job.id = job_id(protocol::mint("job"));
+    job.nid = notification_id(protocol::mint("msg"));
+    job.generation = h.next_generation();
+    job.background = background;
+    job.parent = parent;
+    job.description = req.description;
+    std::optional<persistence::job_row> row;
+    if (background) {
+      persistence::job_row jr;
+      jr.id = job.id;
+      jr.nid = job.nid;
+      jr.parent = parent;
+      jr.child = child;
+      jr.generation = job.generation;
+      jr.description = req.description;
+      row = std::move(jr);
+    } else {
+      job.inline_reply = runtime::one_shot<result<std::string>>::make();
+    }
+    std::optional<bool> notify_update;
+    if (*existing && req.notify) notify_update = req.notify;
+    auto written = co_await h.store().spawn(std::move(create), child, std::move(req.prompt),
+                                            std::move(row), notify_update);
+    if (!written) co_return written.error();
+    auto c = h.get(child);
+    if (!c) co_return c.error();
+    if (parent) h.note_child(*parent, child);
+    auto reply = job.inline_reply;
+    session_msg::bind_job bind{std::move(job)};
+    (*c)->tell(std::move(bind));
+    h.wake(**c, wake_scope::input, false);
+    co_return std::make_pair(child, reply);
+  }
+
+  std::shared_ptr<session> s_;
+};
+
+session::session(runtime::executor ex, host& h, session_row row, std::shared_ptr<agent> a)
+    : actor(ex, runtime::actor_options{"session " + row.id.str()}),
+      host_(h),
+      row_(std::move(row)),
+      agent_(std::move(a)) {}
+
+awaitable<void> session::handle(session_message& m) {
+  using namespace session_msg;
+  if (auto* w = std::get_if<wake>(&m)) {
+    // A report admitted while a revert is staged waits for the revert.
+    if (!(w->report && row_.revert_staged)) this->ring(w->scope);
+    if (w->counted) host_.activity(-1);
+  } else if (auto* in = std::get_if<input>(&m)) {
+    auto seq = co_await host_.store().append(id(), "user", in->kind, "completed", in->text);
+    if (seq) this->ring(in->kind == "steer" ? wake_scope::steer : wake_scope::input);
+    in->reply.send(std::move(seq));
+  } else if (auto* a = std::get_if<admit>(&m)) {
+    auto r = co_await host_.store().admit(id(), a->nid, a->from, a->body);
+    a->reply.send(std::move(r));
+  } else if (auto* b = std::get_if<bind_job>(&m)) {
+    // A follow-up may have changed the link's notify setting.
+    if (auto r = host_.store().session(id()); r && *r) row_.notify = (*r)->notify;
+    // A settling busy period is dying: the job belongs to the next one.
+    if (phase_ == phase::settling || (job_ && !job_->reported && phase_ == phase::busy))
+      next_job_ = std::move(b->job);
+    else
+      job_ = std::move(b->job);
+  } else if (auto* tb = std::get_if<to_background>(&m)) {
+    if (!job_ || job_->reported || job_->background) {
+      tb->reply.fail(error{errc::invalid, "session '" + id().str() +
+                                              "' has no foreground job to move to the background"});
+      co_return;
+    }
+    if (job_->settling) {
+      tb->reply.fail(error{errc::refused, "the job of session '" + id().str() +
+                                              "' is settling; its report comes inline"});
+      co_return;
+    }
+    // Mark it background before the write so a settle meanwhile waits for the row.
+    job_->background = true;
+    job_->row_written = runtime::one_shot<result<void>>::make();
+    auto done = job_->row_written;
+    auto reply = job_->inline_reply;
+    persistence::job_row jr;
+    jr.id = job_->id;
+    jr.nid = job_->nid;
+    jr.parent = job_->parent;
+    jr.child = id();
+    jr.generation = job_->generation;
+    jr.description = job_->description;
+    auto nid = job_->nid;
+    auto w = co_await host_.store().write_job(std::move(jr));
+    done->set(w);
+    if (!w) {
+      tb->reply.fail(w.error());
+      co_return;
+    }
+    if (reply) reply->set(std::string("Moved to the background; the report follows as " + nid.str()));
+    tb->reply.send(nid);
+  } else if (std::holds_alternative<interrupt>(m)) {
+    pending_.reset();
+    if (phase_ == phase::busy) {
+      interrupted_ = true;
+      drain_cancel_.emit(asio::cancellation_type::terminal);
+    }
+  } else if (auto* rv = std::get_if<set_revert>(&m)) {
+    auto r = co_await host_.store().set_revert(id(), rv->staged);
+    if (r) {
+      row_.revert_staged = rv->staged;
+      // Reports admitted meanwhile are seen once the revert is resolved.
+      if (!rv->staged) {
+        auto inbox = host_.store().inbox(id());
+        bool pending = false;
+        if (inbox)
+          for (auto& i : *inbox) pending |= !i.acked;
+        if (pending) this->ring(wake_scope::steer);
+      }
+    }
+    rv->reply.send(std::move(r));
+  } else if (auto* wi = std::get_if<wait_idle>(&m)) {
+    if (phase_ == phase::idle && !pending_)
+      wi->reply.send();
+    else
+      idle_waiters_.push_back(std::move(wi->reply));
+  } else if (auto* sd = std::get_if<shutdown>(&m)) {
+    stopping_ = true;
+    pending_.reset();
+    if (phase_ != phase::idle) drain_cancel_.emit(asio::cancellation_type::terminal);
+    for (auto& w : idle_waiters_) w.fail(error{errc::stopped, "host shut down"});
+    idle_waiters_.clear();
+    if (job_ && job_->inline_reply)
+      job_->inline_reply->set(error{errc::stopped, "host shut down before the child settled"});
+    if (busy_done_) {
+      auto done = busy_done_;
+      co_await done->async_wait(asio::use_awaitable);
+    }
+    sd->reply.send();
+  }
+}
+
+void session::ring(wake_scope s) {
+  if (stopping_) return;
+  if (phase_ == phase::idle) {
+    pending_ = s;
+    start_busy_period();
+    return;
+  }
+  pending_ = pending_ ? std::max(*pending_, s) : s;  // input wins over steer
+}
+
+void session::start_busy_period() {
+  phase_ = phase::busy;
+  busy_done_ = runtime::one_shot<int>::make();
+  host_.activity(+1);
+  host_.note_phase(id(), true, false, job_ && !job_->background && !job_->reported);
+  auto self = shared_from_this();
+  auto ex = get_executor();
+  asio::co_spawn(ex, run_busy(std::move(self)), asio::detached);
+}
+
+awaitable<void> session::run_drain(std::shared_ptr<context> ctx, drain_input in) {
+  co_await agent_->drain(*ctx, std::move(in));
+}
+
+awaitable<void> session::run_busy(std::shared_ptr<session> self) {
+  auto& store = host_.store();
+  // started: open the busy period on disk and remember startedSeq.
+  if (next_job_ && (!job_ || job_->reported)) {
+    job_ = std::move(next_job_);
+    next_job_.reset();
+  }
+  auto begun = co_await store.begin_busy(id());
+  auto row = store.session(id());
+  if (!begun || !row || !*row) {
+    host_.warn("session " + id().str() + ": cannot open a busy period: " +
+               (!begun ? begun.error().message
+                       : !row ? row.error().message : std::string("session row missing")));
+    phase_ = phase::idle;
+    host_.note_phase(id(), false, false, false);
+    busy_done_->set(0);
+    host_.activity(-1);
+    co_return;
+  }
+  started_seq_ = (*row)->seq;
+  std::int64_t cursor = (*row)->input_cursor;
+  failed_ = false;
+  error_text_.clear();
+  auto ctx = std::make_shared<context>(self);
+  for (int drain_index = 0;; ++drain_index) {
+    if (interrupted_ || stopping_) break;
+    auto scope = pending_.value_or(wake_scope::input);
+    (void)scope;
+    pending_.reset();
+    // Acknowledge: admitted reports move into the transcript.
+    TETHER_CRASH_POINT("report.drain.before_ack");
+    auto taken = co_await store.take_inbox(id());
+    if (!taken) host_.warn("session " + id().str() + ": " + taken.error().message);
+    if (taken && !taken->empty()) TETHER_CRASH_POINT("report.drain.after_ack");
+    drain_input in;
+    in.drain_index = drain_index;
+    auto msgs = store.messages(id(), cursor);
+    if (!msgs) {
+      failed_ = true;
+      error_text_ = msgs.error().message;
+      break;
+    }
+    for (auto& mm : *msgs)
+      if (mm.role == "user") in.inputs.push_back(std::move(mm));
+    if (!in.inputs.empty()) cursor = in.inputs.back().seq;
+
+    // The drain runs as its own coroutine so an interrupt can cancel it
+    // without cancelling the settle that follows.
+    struct drain_end {
+      std::exception_ptr ep;
+    };
+    auto done = runtime::one_shot<drain_end>::make();
+    auto ex = get_executor();
+    asio::co_spawn(ex, run_drain(ctx, std::move(in)),
+                   asio::bind_cancellation_slot(drain_cancel_.slot(),
+                                                [done](std::exception_ptr e) { done->set(drain_end{e}); }));
+    auto ended = co_await done->async_wait(asio::use_awaitable);
+    auto ep = ended.ep;
+    drain_cancel_.slot().clear();
+    if (stopping_) break;
+    if (ep && !interrupted_) {
+      failed_ = true;
+      error_text_ = runtime::detail::describe(ep);
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        error_text_ = e.what();
+      } catch (...) {
+      }
+      break;
+    }
+    if (interrupted_ || failed_ || !pending_) break;
+  }
+  if (stopping_) {  // graceful shutdown: keep the claim and the running row
+    busy_done_->set(0);
+    host_.activity(-1);
+    co_return;
+  }
+  phase_ = phase::settling;
+  host_.note_phase(id(), true, true, false);
+  // Inputs up to `cursor` were given to a drain of this busy period.
+  settle_cursor_ = cursor;
+  co_await settle();
+  phase_ = phase::idle;
+  interrupted_ = false;
+  host_.note_phase(id(), false, false, false);
+  release_waiters();
+  busy_done_->set(0);
+  if (pending_ && !stopping_) start_busy_period();
+  host_.activity(-1);
+}
+
+void session::release_waiters() {
+  if (pending_) return;  // a fresh busy period follows; waiters wait for it
+  auto ws = std::move(idle_waiters_);
+  idle_waiters_.clear();
+  for (auto& w : ws) w.send();
+}
+
+awaitable<void> session::settle() {
+  auto& store = host_.store();
+  // Classify first, before anything is written (seed §4).
+  job_binding* job = (job_ && !job_->reported) ? &*job_ : nullptr;
+  if (job) {
+    job->settling = true;
+    job->reported = true;
+    if (job->row_written) {
+      auto w = job->row_written;
+      co_await w->async_wait(asio::use_awaitable);
+    }
+  }
+  report_state state = interrupted_ ? report_state::cancelled
+                       : failed_    ? report_state::error
+                                    : report_state::completed;
+  std::optional<std::string> answer;
+  if (state == report_state::cancelled) {
+    answer = std::string(protocol::k_cancelled_text);
+  } else if (state == report_state::error) {
+    answer = error_text_;
+  } else {
+    auto last = store.last_assistant_after(id(), started_seq_);
+    if (!last) {
+      // A message that fails to decode degrades to an error report, so the
+      // release still commits.
+      state = report_state::error;
+      answer = last.error().message;
+    } else if (*last) {
+      answer = (*last)->text;
+    }
+  }
+  auto running = host_.outstanding(id());
+  bool deliverable = row_.parent.has_value() && row_.notify.value_or(true);
+  auto render = [&](std::string_view text) {
+    return protocol::render_report(id(), state, row_.description,
+                                   protocol::render_report_body(text, running));
+  };
+
+  persistence::settle_request req;
+  req.child = id();
+  req.outcome = state;
+  req.input_cursor = settle_cursor_;
+  req.description = row_.description;
+  std::optional<notification_id> nid;
+  std::string inline_body;
+  if (job && job->background) {
+    req.background_job = job->id;
+    req.drop_background = !deliverable;
+    req.body = render(answer ? *answer : protocol::k_no_text_response);
+    nid = job->nid;
+  } else if (job) {  // foreground: the tool returns the report inline, no outbox row
+    inline_body = render(answer ? *answer : protocol::k_no_text_response);
+  } else if (answer && deliverable) {  // none: mint an id at commit
+    nid = notification_id(protocol::mint("msg"));
+    req.mint_none = nid;
+    req.parent = row_.parent;
+    req.body = render(*answer);
+  }
+  TETHER_CRASH_POINT("report.settle.before_commit");
+  auto committed = co_await store.settle(req);
+  if (!committed) {
+    host_.warn("session " + id().str() + ": settle did not commit: " + committed.error().message +
+               "; the claim stays and boot resumes it");
+    if (job && job->inline_reply) job->inline_reply->set(committed.error());
+    co_return;
+  }
+  if (committed->row_written) TETHER_CRASH_POINT("report.settle.after_commit");
+  if (job && job->inline_reply && !job->background) job->inline_reply->set(inline_body);
+  if (job) job_.reset();
+  if (committed->row_written && nid && row_.parent) {
+    auto body = req.body;
+    auto d = co_await host_.deliver(*nid, *row_.parent, id(), std::move(body));
+    if (!d) host_.warn("report " + nid->str() + ": " + d.error().message + "; the row stays for boot");
+  }
+}
+
+}  // namespace tether::actors

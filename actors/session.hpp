@@ -1,0 +1,129 @@
+#pragma once
+// A session actor and its run coordinator.
+//
+// Busy periods: a wake on an idle session starts one. `started` opens it on
+// disk (the claim) and remembers startedSeq; the coordinator drains until no
+// wake is pending (wakes during a drain coalesce into one more drain; scopes
+// merge with "input" winning over "steer"); then `settled` runs exactly once,
+// also after an interrupt or a failure, and only then are waiters released. A
+// wake that arrives while settling starts a fresh busy period afterwards.
+// An interrupt clears a pending wake and cancels the running drain.
+//
+// The busy period runs as its own coroutine on the actor's executor, so the
+// mailbox keeps taking steers, reports and interrupts while the agent works.
+#include "tether/actors/agent.hpp"
+#include "tether/persistence/report_store.hpp"
+#include "tether/protocol/report.hpp"
+#include "tether/runtime/actor.hpp"
+
+#include <boost/asio/cancellation_signal.hpp>
+
+#include <optional>
+#include <variant>
+
+namespace tether::actors {
+
+class host;
+using protocol::job_id;
+using protocol::notification_id;
+using runtime::reply_to;
+
+enum class wake_scope { steer, input };
+
+/// The job a busy period reports under (seed §4). The flags close the windows
+/// that classifying before writing opens.
+struct job_binding {
+  job_id id;
+  notification_id nid;
+  std::int64_t generation = 0;
+  bool background = false;
+  std::optional<session_id> parent;
+  std::string description;
+  // A foreground caller waiting for the report inline.
+  std::shared_ptr<runtime::one_shot<result<std::string>>> inline_reply;
+  // Set while a late background request is writing the running row.
+  std::shared_ptr<runtime::one_shot<result<void>>> row_written;
+  bool settling = false;  // classified: a late background request is refused
+  bool reported = false;  // classification happens at most once per generation
+};
+
+namespace session_msg {
+struct wake {
+  wake_scope scope = wake_scope::input;
+  bool report = false;  // a report or notice was admitted: not woken while a revert is staged
+  bool counted = false;  // host::wake counted it as activity until it is handled
+};
+struct input {
+  std::string kind;  // prompt | steer
+  std::string text;
+  reply_to<std::int64_t> reply;
+};
+struct admit {
+  notification_id nid;
+  std::optional<session_id> from;
+  std::string body;
+  reply_to<bool> reply;
+};
+struct bind_job {
+  job_binding job;
+};
+struct to_background {
+  reply_to<notification_id> reply;
+};
+struct interrupt {};
+struct set_revert {
+  bool staged = false;
+  reply_to<void> reply;
+};
+struct wait_idle {
+  reply_to<void> reply;
+};
+struct shutdown {
+  reply_to<void> reply;
+};
+}  // namespace session_msg
+
+using session_message =
+    std::variant<session_msg::wake, session_msg::input, session_msg::admit, session_msg::bind_job,
+                 session_msg::to_background, session_msg::interrupt, session_msg::set_revert,
+                 session_msg::wait_idle, session_msg::shutdown>;
+
+class session : public runtime::actor<session, session_message> {
+ public:
+  session(runtime::executor ex, host& h, session_row row, std::shared_ptr<agent> a);
+
+  const session_id& id() const { return row_.id; }
+  const session_row& row() const { return row_; }
+
+  awaitable<void> handle(session_message& m);
+
+ private:
+  class context;
+  friend class context;
+  enum class phase { idle, busy, settling };
+
+  void ring(wake_scope s);  // the coordinator's wake
+  void start_busy_period();
+  awaitable<void> run_busy(std::shared_ptr<session> self);
+  awaitable<void> run_drain(std::shared_ptr<context> ctx, drain_input in);
+  awaitable<void> settle();
+  void release_waiters();
+
+  host& host_;
+  session_row row_;
+  std::shared_ptr<agent> agent_;
+  phase phase_ = phase::idle;
+  std::optional<wake_scope> pending_;
+  bool interrupted_ = false;
+  bool failed_ = false;
+  bool stopping_ = false;
+  std::string error_text_;
+  std::int64_t started_seq_ = 0;
+  std::int64_t settle_cursor_ = 0;
+  asio::cancellation_signal drain_cancel_;
+  std::optional<job_binding> job_, next_job_;
+  std::vector<reply_to<void>> idle_waiters_;
+  std::shared_ptr<runtime::one_shot<int>> busy_done_;
+};
+
+}  // namespace tether::actors

@@ -1,0 +1,62 @@
+#pragma once
+// Background shells as real processes, watched without blocking an executor.
+//
+// Each shell runs `bash -c COMMAND` under a small wrapper in its own session
+// (setsid), with output in <dir>/<id>.out. The wrapper writes the exit status
+// to <dir>/<id>.status (write then rename, so it is whole or absent) and its
+// pid to <dir>/<id>.pid, so a restarted host can find a shell again: a status
+// file means it finished; a live pid means it still runs; neither means the
+// status is unknown (-1), never 0.
+#include "tether/protocol/ids.hpp"
+#include "tether/runtime/actor.hpp"
+
+#include <boost/asio/posix/stream_descriptor.hpp>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <sys/types.h>
+
+namespace tether::actors {
+
+struct shell_info {
+  std::string id;  // also its notification id
+  protocol::session_id owner;
+  std::string command;
+  pid_t pid = -1;
+};
+
+class shell_runner {
+ public:
+  using on_exit_fn = std::function<void(const shell_info&, const std::string& notice)>;
+  shell_runner(runtime::executor ex, std::string dir, on_exit_fn on_exit);
+  ~shell_runner();
+
+  /// Spawns the shell and starts watching it.
+  result<void> start(shell_info& s);
+  /// After a restart: finished → on_exit at once; alive → watched; gone
+  /// without a status → on_exit with status -1 (unknown).
+  void reattach(shell_info s);
+  /// Stops watching (processes keep running; a restart reattaches).
+  void stop();
+  std::size_t running() const;
+
+  /// The notice a finished shell sends its owner.
+  static std::string render_notice(const shell_info& s, int exit_code, const std::string& output_tail);
+
+ private:
+  void watch(shell_info s);
+  void finished(const shell_info& s);
+  std::string path(const std::string& id, const char* ext) const;
+
+  runtime::executor ex_;
+  std::string dir_;
+  on_exit_fn on_exit_;
+  mutable std::mutex m_;
+  std::map<std::string, std::unique_ptr<boost::asio::posix::stream_descriptor>> watching_;
+  bool stopped_ = false;
+};
+
+}  // namespace tether::actors

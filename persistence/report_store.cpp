@@ -1,0 +1,571 @@
+#include "tether/persistence/report_store.hpp"
+
+#include "tether/protocol/json.hpp"
+#include "tether/runtime/clock.hpp"
+
+#include <SQLiteCpp/Statement.h>
+
+namespace tether::persistence {
+
+namespace json = boost::json;
+using runtime::now_ms;
+
+std::string_view to_string(job_status s) {
+  switch (s) {
+    case job_status::running: return "running";
+    case job_status::completed: return "completed";
+    case job_status::error: return "error";
+    case job_status::cancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+namespace {
+
+error corrupt(std::string_view table, const std::string& key, const std::string& problem) {
+  return error{errc::corrupt, "refusing persisted state: table '" + std::string(table) + "' key '" +
+                                  key + "': " + problem + "; the row was left as it is"};
+}
+
+error read_failed(std::string_view what, const std::exception& e) {
+  return error{errc::io, std::string(what) + ": " + sqlite_message(e)};
+}
+
+void bind_opt(SQLite::Statement& st, int i, const std::optional<session_id>& v) {
+  if (v)
+    st.bind(i, v->str());
+  else
+    st.bind(i);
+}
+
+std::optional<std::string> opt_text(const SQLite::Column& c) {
+  if (c.isNull()) return std::nullopt;
+  return c.getString();
+}
+
+std::string job_payload(const job_row& r) {
+  return protocol::to_text(json::object{{"description", r.description}});
+}
+
+// Appends one message inside the caller's transaction; returns its seq.
+std::int64_t append_in_tx(SQLite::Database& db, const std::string& s, const std::string& role,
+                          const std::string& kind, const std::string& status,
+                          const std::string& text) {
+  SQLite::Statement up(db, "UPDATE sessions SET seq = seq + 1 WHERE id = ? RETURNING seq");
+  up.bind(1, s);
+  if (!up.executeStep())
+    throw std::runtime_error("session '" + s + "' does not exist; no message appended");
+  std::int64_t seq = up.getColumn(0).getInt64();
+  up.reset();
+  SQLite::Statement ins(db,
+                        "INSERT INTO messages (session_id, seq, role, kind, status, payload) "
+                        "VALUES (?, ?, ?, ?, ?, ?)");
+  ins.bind(1, s);
+  ins.bind(2, seq);
+  ins.bind(3, role);
+  ins.bind(4, kind);
+  ins.bind(5, status);
+  ins.bind(6, protocol::to_text(json::object{{"text", text}}));
+  ins.exec();
+  return seq;
+}
+
+void insert_job(SQLite::Database& db, const job_row& r) {
+  SQLite::Statement st(db,
+                       "INSERT INTO jobs (id, notification_id, kind, mode, parent_id, child_id, "
+                       "generation, status, body, payload, created_at, updated_at) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+  auto now = now_ms();
+  st.bind(1, r.id.str());
+  st.bind(2, r.nid.str());
+  st.bind(3, r.kind);
+  st.bind(4, r.mode);
+  bind_opt(st, 5, r.parent);
+  bind_opt(st, 6, r.child);
+  st.bind(7, r.generation);
+  st.bind(8, std::string(to_string(r.status)));
+  if (r.body)
+    st.bind(9, *r.body);
+  else
+    st.bind(9);
+  st.bind(10, job_payload(r));
+  st.bind(11, now);
+  st.bind(12, now);
+  st.exec();
+}
+
+void insert_session(SQLite::Database& db, const session_row& r) {
+  SQLite::Statement st(db,
+                       "INSERT INTO sessions (id, parent_id, parent_notify, description, agent, "
+                       "status, created_at) VALUES (?, ?, ?, ?, ?, 'idle', ?)");
+  st.bind(1, r.id.str());
+  bind_opt(st, 2, r.parent);
+  if (r.notify)
+    st.bind(3, *r.notify ? 1 : 0);
+  else
+    st.bind(3);
+  st.bind(4, r.description);
+  st.bind(5, r.agent);
+  st.bind(6, now_ms());
+  st.exec();
+}
+
+result<message_row> decode_message(const std::string& session, SQLite::Statement& q) {
+  message_row m;
+  m.seq = q.getColumn(0).getInt64();
+  m.role = q.getColumn(1).getString();
+  m.kind = q.getColumn(2).getString();
+  m.status = q.getColumn(3).getString();
+  std::string key = session + "/" + std::to_string(m.seq);
+  if (m.status != "completed" && m.status != "error")
+    return corrupt("messages", key, "status: unknown value '" + m.status + "'");
+  auto v = protocol::parse_json(q.getColumn(4).getString());
+  if (!v) return corrupt("messages", key, "payload: " + v.error().describe());
+  auto f = protocol::fields::of(*v, "payload");
+  if (!f) return corrupt("messages", key, f.error().describe());
+  auto text = f->str("text");
+  if (!text) return corrupt("messages", key, text.error().describe());
+  m.text = std::move(*text);
+  return m;
+}
+
+constexpr const char* k_session_cols =
+    "id, parent_id, parent_notify, description, agent, status, time_suspended, resume_attempts, "
+    "seq, revert_staged, input_cursor, idle_outcome";
+
+result<session_row> decode_session(SQLite::Statement& q) {
+  session_row r;
+  r.id = session_id(q.getColumn(0).getString());
+  if (auto p = opt_text(q.getColumn(1))) r.parent = session_id(*p);
+  if (!q.getColumn(2).isNull()) r.notify = q.getColumn(2).getInt() != 0;
+  r.description = q.getColumn(3).getString();
+  r.agent = q.getColumn(4).getString();
+  auto status = q.getColumn(5).getString();
+  if (status != "idle" && status != "busy")
+    return corrupt("sessions", r.id.str(), "status: unknown value '" + status + "'");
+  r.busy = status == "busy";
+  if (!q.getColumn(6).isNull()) r.time_suspended = q.getColumn(6).getInt64();
+  r.resume_attempts = q.getColumn(7).getInt();
+  r.seq = q.getColumn(8).getInt64();
+  r.revert_staged = q.getColumn(9).getInt() != 0;
+  r.input_cursor = q.getColumn(10).getInt64();
+  r.idle_outcome = opt_text(q.getColumn(11));
+  return r;
+}
+
+result<job_row> decode_job(SQLite::Statement& q) {
+  job_row r;
+  r.id = job_id(q.getColumn(0).getString());
+  r.nid = notification_id(q.getColumn(1).getString());
+  r.kind = q.getColumn(2).getString();
+  r.mode = q.getColumn(3).getString();
+  if (auto p = opt_text(q.getColumn(4))) r.parent = session_id(*p);
+  if (auto c = opt_text(q.getColumn(5))) r.child = session_id(*c);
+  r.generation = q.getColumn(6).getInt64();
+  auto status = q.getColumn(7).getString();
+  r.body = opt_text(q.getColumn(8));
+  const auto& key = r.id.str();
+  if (r.kind != "subagent" && r.kind != "shell")
+    return corrupt("jobs", key, "kind: unknown value '" + r.kind + "'");
+  if (r.mode != "background" && r.mode != "none")
+    return corrupt("jobs", key, "mode: unknown value '" + r.mode + "'");
+  bool known = false;
+  for (auto s : {job_status::running, job_status::completed, job_status::error,
+                 job_status::cancelled})
+    if (status == to_string(s)) {
+      r.status = s;
+      known = true;
+    }
+  if (!known) return corrupt("jobs", key, "status: unknown value '" + status + "'");
+  if (r.status != job_status::running && !r.body)
+    return corrupt("jobs", key, "body: missing on a terminal row");
+  auto v = protocol::parse_json(q.getColumn(9).getString());
+  if (!v) return corrupt("jobs", key, "payload: " + v.error().describe());
+  auto f = protocol::fields::of(*v, "payload");
+  if (!f) return corrupt("jobs", key, f.error().describe());
+  auto d = f->str("description");
+  if (!d) return corrupt("jobs", key, d.error().describe());
+  r.description = std::move(*d);
+  return r;
+}
+
+constexpr const char* k_job_cols =
+    "id, notification_id, kind, mode, parent_id, child_id, generation, status, body, payload";
+
+}  // namespace
+
+awaitable<result<void>> report_store::create_session(session_row row) {
+  auto name = "create session " + row.id.str();
+  auto fn = [row = std::move(row)](SQLite::Database& db) {
+    insert_session(db, row);
+  };
+  co_return co_await w_.write(std::move(name), 128, std::move(fn));
+}
+
+awaitable<result<std::int64_t>> report_store::append(session_id s, std::string role,
+                                                     std::string kind, std::string status,
+                                                     std::string text) {
+  auto name = "append " + kind + " to " + s.str();
+  std::size_t bytes = text.size() + 64;
+  auto fn = [s = std::move(s), role = std::move(role), kind = std::move(kind),
+                               status = std::move(status),
+                               text = std::move(text)](SQLite::Database& db) {
+                                return append_in_tx(db, s.str(), role, kind, status, text);
+                              };
+  co_return co_await w_.write(std::move(name), bytes, std::move(fn));
+}
+
+awaitable<result<void>> report_store::begin_busy(session_id s) {
+  auto name = "begin busy period of " + s.str();
+  auto fn = [s = std::move(s)](SQLite::Database& db) {
+    SQLite::Statement st(db,
+                         "UPDATE sessions SET status = 'busy', "
+                         "time_suspended = coalesce(time_suspended, ?) WHERE id = ?");
+    st.bind(1, now_ms());
+    st.bind(2, s.str());
+    st.exec();
+  };
+  co_return co_await w_.write(std::move(name), 32, std::move(fn));
+}
+
+awaitable<result<std::int64_t>> report_store::spawn(std::optional<session_row> create,
+                                                    session_id child, std::string prompt,
+                                                    std::optional<job_row> job,
+                                                    std::optional<bool> notify_update) {
+  auto name = "spawn " + child.str();
+  std::size_t bytes = prompt.size() + 256;
+  auto fn = [create = std::move(create), child = std::move(child), prompt = std::move(prompt),
+       job = std::move(job), notify_update](SQLite::Database& db) {
+        if (create) insert_session(db, *create);
+        if (notify_update) {
+          SQLite::Statement st(db, "UPDATE sessions SET parent_notify = ? WHERE id = ?");
+          st.bind(1, *notify_update ? 1 : 0);
+          st.bind(2, child.str());
+          st.exec();
+        }
+        auto seq = append_in_tx(db, child.str(), "user", "prompt", "completed", prompt);
+        if (job) insert_job(db, *job);
+        return seq;
+      };
+  co_return co_await w_.write(std::move(name), bytes, std::move(fn));
+}
+
+awaitable<result<settle_result>> report_store::settle(settle_request req) {
+  auto name = "settle " + req.child.str();
+  std::size_t bytes = req.body.size() + 128;
+  auto fn = [req = std::move(req)](SQLite::Database& db) {
+    settle_result out;
+    auto now = now_ms();
+    SQLite::Statement idle(db,
+                           "UPDATE sessions SET status = 'idle', time_suspended = NULL, "
+                           "resume_attempts = 0, idle_outcome = ?, time_idle = ?, "
+                           "input_cursor = max(input_cursor, ?) WHERE id = ?");
+    idle.bind(1, std::string(protocol::to_string(req.outcome)));
+    idle.bind(2, now);
+    idle.bind(3, req.input_cursor);
+    idle.bind(4, req.child.str());
+    if (idle.exec() != 1)
+      throw std::runtime_error("session '" + req.child.str() + "' does not exist");
+    job_status terminal = req.outcome == protocol::report_state::completed ? job_status::completed
+                          : req.outcome == protocol::report_state::error   ? job_status::error
+                                                                           : job_status::cancelled;
+    if (req.background_job) {
+      if (req.drop_background) {
+        SQLite::Statement del(db, "DELETE FROM jobs WHERE id = ?");
+        del.bind(1, req.background_job->str());
+        del.exec();
+      } else {
+        // Only a running row becomes terminal: a settle after delivery finds
+        // no row and cannot write it back.
+        SQLite::Statement up(db,
+                             "UPDATE jobs SET status = ?, body = ?, updated_at = ? "
+                             "WHERE id = ? AND status = 'running'");
+        up.bind(1, std::string(to_string(terminal)));
+        up.bind(2, req.body);
+        up.bind(3, now);
+        up.bind(4, req.background_job->str());
+        out.row_written = up.exec() == 1;
+      }
+    } else if (req.mint_none) {
+      job_row r;
+      r.id = job_id(req.mint_none->str());
+      r.nid = *req.mint_none;
+      r.mode = "none";
+      r.parent = req.parent;
+      r.child = req.child;
+      r.status = terminal;
+      r.body = req.body;
+      r.description = req.description;
+      insert_job(db, r);
+      out.row_written = true;
+    }
+    return out;
+  };
+  co_return co_await w_.write(std::move(name), bytes, std::move(fn));
+}
+
+awaitable<result<bool>> report_store::admit(session_id to, notification_id nid,
+                                            std::optional<session_id> from, std::string body) {
+  auto name = "admit " + nid.str() + " to " + to.str();
+  std::size_t bytes = body.size() + 96;
+  auto fn = [to = std::move(to), nid = std::move(nid), from = std::move(from),
+       body = std::move(body)](SQLite::Database& db) -> result<bool> {
+        SQLite::Statement seq(db, "SELECT seq FROM sessions WHERE id = ?");
+        seq.bind(1, to.str());
+        if (!seq.executeStep())
+          return error{errc::not_found, "session '" + to.str() + "' does not exist; report " +
+                                            nid.str() + " was not admitted"};
+        SQLite::Statement st(db,
+                             "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
+                             "from_session, body, admitted_seq, admitted_at) "
+                             "VALUES (?, ?, ?, ?, ?, ?)");
+        st.bind(1, to.str());
+        st.bind(2, nid.str());
+        bind_opt(st, 3, from);
+        st.bind(4, body);
+        st.bind(5, seq.getColumn(0).getInt64());
+        st.bind(6, now_ms());
+        return st.exec() == 1;
+      };
+  co_return co_await w_.write(std::move(name), bytes, std::move(fn));
+}
+
+awaitable<result<void>> report_store::complete(notification_id nid) {
+  auto name = "complete " + nid.str();
+  auto fn = [nid = std::move(nid)](SQLite::Database& db) {
+    SQLite::Statement st(db, "DELETE FROM jobs WHERE notification_id = ? AND status != 'running'");
+    st.bind(1, nid.str());
+    st.exec();
+  };
+  co_return co_await w_.write(std::move(name), 32, std::move(fn));
+}
+
+awaitable<result<std::vector<message_row>>> report_store::take_inbox(session_id s) {
+  auto name = "acknowledge inbox of " + s.str();
+  auto fn = [s = std::move(s)](SQLite::Database& db) {
+    std::vector<std::pair<std::string, std::string>> pending;  // nid, body
+    {
+      SQLite::Statement q(db,
+                          "SELECT notification_id, body FROM inbox WHERE session_id = ? AND "
+                          "state = 'pending' ORDER BY admitted_seq, admitted_at, notification_id");
+      q.bind(1, s.str());
+      while (q.executeStep()) pending.emplace_back(q.getColumn(0).getString(), q.getColumn(1).getString());
+    }
+    std::vector<message_row> out;
+    for (auto& [nid, body] : pending) {
+      message_row m{0, "user", "report", "completed", body};
+      m.seq = append_in_tx(db, s.str(), m.role, m.kind, m.status, body);
+      SQLite::Statement ack(db,
+                            "UPDATE inbox SET state = 'acked' WHERE session_id = ? AND "
+                            "notification_id = ?");
+      ack.bind(1, s.str());
+      ack.bind(2, nid);
+      ack.exec();
+      out.push_back(std::move(m));
+    }
+    return out;
+  };
+  co_return co_await w_.write(std::move(name), 64, std::move(fn));
+}
+
+awaitable<result<void>> report_store::set_revert(session_id s, bool staged) {
+  auto name = std::string(staged ? "stage" : "clear") + " revert on " + s.str();
+  auto fn = [s = std::move(s), staged](SQLite::Database& db) {
+    SQLite::Statement st(db, "UPDATE sessions SET revert_staged = ? WHERE id = ?");
+    st.bind(1, staged ? 1 : 0);
+    st.bind(2, s.str());
+    st.exec();
+  };
+  co_return co_await w_.write(std::move(name), 32, std::move(fn));
+}
+
+awaitable<result<int>> report_store::bump_resume(session_id s) {
+  auto name = "count a resume of " + s.str();
+  auto fn = [s = std::move(s)](SQLite::Database& db) -> result<int> {
+    SQLite::Statement st(db,
+                         "UPDATE sessions SET resume_attempts = resume_attempts + 1 WHERE id = ? "
+                         "RETURNING resume_attempts");
+    st.bind(1, s.str());
+    if (!st.executeStep())
+      return error{errc::not_found, "session '" + s.str() + "' does not exist"};
+    return st.getColumn(0).getInt();
+  };
+  co_return co_await w_.write(std::move(name), 32, std::move(fn));
+}
+
+awaitable<result<void>> report_store::write_job(job_row row) {
+  auto name = "write job " + row.id.str();
+  auto fn = [row = std::move(row)](SQLite::Database& db) {
+    insert_job(db, row);
+  };
+  co_return co_await w_.write(std::move(name), 128, std::move(fn));
+}
+
+awaitable<result<bool>> report_store::finish_shell(notification_id nid, session_id owner,
+                                                   std::string body) {
+  auto name = "finish shell " + nid.str();
+  std::size_t bytes = body.size() + 96;
+  auto fn = [nid = std::move(nid), owner = std::move(owner), body = std::move(body)](SQLite::Database& db) {
+        SQLite::Statement seq(db, "SELECT seq FROM sessions WHERE id = ?");
+        seq.bind(1, owner.str());
+        bool admitted = false;
+        if (seq.executeStep()) {
+          SQLite::Statement st(db,
+                               "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
+                               "from_session, body, admitted_seq, admitted_at) "
+                               "VALUES (?, ?, NULL, ?, ?, ?)");
+          st.bind(1, owner.str());
+          st.bind(2, nid.str());
+          st.bind(3, body);
+          st.bind(4, seq.getColumn(0).getInt64());
+          st.bind(5, now_ms());
+          admitted = st.exec() == 1;
+        }
+        SQLite::Statement del(db, "DELETE FROM jobs WHERE notification_id = ?");
+        del.bind(1, nid.str());
+        del.exec();
+        return admitted;
+      };
+  co_return co_await w_.write(std::move(name), bytes, std::move(fn));
+}
+
+// --- reads ---
+
+result<std::optional<session_row>> report_store::session(const session_id& s) {
+  try {
+    auto db = readers_.acquire();
+    SQLite::Statement q(*db, std::string("SELECT ") + k_session_cols + " FROM sessions WHERE id = ?");
+    q.bind(1, s.str());
+    if (!q.executeStep()) return std::optional<session_row>{};
+    auto r = decode_session(q);
+    if (!r) return r.error();
+    return std::optional<session_row>(std::move(*r));
+  } catch (const std::exception& e) {
+    return read_failed("reading session " + s.str(), e);
+  }
+}
+
+result<std::vector<session_row>> report_store::sessions() {
+  try {
+    auto db = readers_.acquire();
+    SQLite::Statement q(*db, std::string("SELECT ") + k_session_cols + " FROM sessions ORDER BY created_at, id");
+    std::vector<session_row> out;
+    while (q.executeStep()) {
+      auto r = decode_session(q);
+      if (!r) return r.error();
+      out.push_back(std::move(*r));
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return read_failed("reading sessions", e);
+  }
+}
+
+result<std::vector<job_row>> report_store::jobs() {
+  try {
+    auto db = readers_.acquire();
+    SQLite::Statement q(*db, std::string("SELECT ") + k_job_cols + " FROM jobs ORDER BY created_at, id");
+    std::vector<job_row> out;
+    while (q.executeStep()) {
+      auto r = decode_job(q);
+      if (!r) return r.error();
+      out.push_back(std::move(*r));
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return read_failed("reading jobs", e);
+  }
+}
+
+result<std::int64_t> report_store::user_ordinal(const session_id& s, std::int64_t seq) {
+  try {
+    auto db = readers_.acquire();
+    SQLite::Statement q(*db,
+                        "SELECT count(*) FROM messages WHERE session_id = ? AND seq <= ? AND "
+                        "role = 'user'");
+    q.bind(1, s.str());
+    q.bind(2, seq);
+    q.executeStep();
+    return q.getColumn(0).getInt64();
+  } catch (const std::exception& e) {
+    return read_failed("counting inputs of " + s.str(), e);
+  }
+}
+
+result<std::vector<message_row>> report_store::messages(const session_id& s, std::int64_t after) {
+  try {
+    auto db = readers_.acquire();
+    SQLite::Statement q(*db,
+                        "SELECT seq, role, kind, status, payload FROM messages WHERE session_id = ? "
+                        "AND seq > ? ORDER BY seq");
+    q.bind(1, s.str());
+    q.bind(2, after);
+    std::vector<message_row> out;
+    while (q.executeStep()) {
+      auto m = decode_message(s.str(), q);
+      if (!m) return m.error();
+      out.push_back(std::move(*m));
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return read_failed("reading messages of " + s.str(), e);
+  }
+}
+
+result<std::vector<inbox_row>> report_store::inbox(const session_id& s) {
+  try {
+    auto db = readers_.acquire();
+    SQLite::Statement q(*db,
+                        "SELECT notification_id, from_session, body, state FROM inbox WHERE "
+                        "session_id = ? ORDER BY admitted_seq, admitted_at, notification_id");
+    q.bind(1, s.str());
+    std::vector<inbox_row> out;
+    while (q.executeStep()) {
+      inbox_row r;
+      r.session = s;
+      r.nid = notification_id(q.getColumn(0).getString());
+      if (auto f = opt_text(q.getColumn(1))) r.from = session_id(*f);
+      r.body = q.getColumn(2).getString();
+      auto state = q.getColumn(3).getString();
+      if (state != "pending" && state != "acked")
+        return corrupt("inbox", s.str() + "/" + r.nid.str(), "state: unknown value '" + state + "'");
+      r.acked = state == "acked";
+      out.push_back(std::move(r));
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return read_failed("reading inbox of " + s.str(), e);
+  }
+}
+
+result<std::optional<message_row>> report_store::last_assistant_after(const session_id& s,
+                                                                     std::int64_t after) {
+  try {
+    auto db = readers_.acquire();
+    SQLite::Statement q(*db,
+                        "SELECT seq, role, kind, status, payload FROM messages WHERE session_id = ? "
+                        "AND seq > ? AND seq < ? ORDER BY seq DESC LIMIT 20");
+    std::int64_t below = INT64_MAX;
+    for (;;) {
+      q.reset();
+      q.bind(1, s.str());
+      q.bind(2, after);
+      q.bind(3, below);
+      int rows = 0;
+      while (q.executeStep()) {
+        ++rows;
+        below = q.getColumn(0).getInt64();
+        if (q.getColumn(1).getString() != "assistant" || q.getColumn(3).getString() != "completed")
+          continue;
+        auto m = decode_message(s.str(), q);
+        if (!m) return m.error();
+        return std::optional<message_row>(std::move(*m));
+      }
+      if (rows < 20) return std::optional<message_row>{};
+    }
+  } catch (const std::exception& e) {
+    return read_failed("reading the last answer of " + s.str(), e);
+  }
+}
+
+}  // namespace tether::persistence

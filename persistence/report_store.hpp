@@ -1,0 +1,144 @@
+#pragma once
+// Sessions, their transcript, the job outbox and the parent inbox: every state
+// transition of the report path as a named operation. Writes go through the
+// single writer (one request each, so each is one atomic unit inside a group
+// commit); reads go through the reader pool and never wait on the writer.
+//
+// Persisted state that does not parse is refused with an error naming the
+// table, the key and the problem; it is never skipped or deleted.
+#include "tether/persistence/database.hpp"
+#include "tether/persistence/writer.hpp"
+#include "tether/protocol/ids.hpp"
+#include "tether/protocol/report.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tether::persistence {
+
+using protocol::job_id;
+using protocol::notification_id;
+using protocol::session_id;
+
+struct session_row {
+  session_id id;
+  std::optional<session_id> parent;
+  std::optional<bool> notify;  // nullopt = default (on)
+  std::string description;
+  std::string agent = "general";
+  bool busy = false;
+  std::optional<std::int64_t> time_suspended;  // the claim
+  int resume_attempts = 0;
+  std::int64_t seq = 0;
+  bool revert_staged = false;
+  std::int64_t input_cursor = 0;
+  std::optional<std::string> idle_outcome;
+};
+
+struct message_row {
+  std::int64_t seq = 0;
+  std::string role;    // user | assistant
+  std::string kind;    // prompt | steer | report | notice | answer | control
+  std::string status;  // completed | error
+  std::string text;
+};
+
+enum class job_status { running, completed, error, cancelled };
+std::string_view to_string(job_status s);
+
+struct job_row {
+  job_id id;
+  notification_id nid;
+  std::string kind = "subagent";  // subagent | shell
+  std::string mode = "background";
+  std::optional<session_id> parent;  // who is owed the report
+  std::optional<session_id> child;   // whose busy period it reports (or who owns the shell)
+  std::int64_t generation = 0;
+  job_status status = job_status::running;
+  std::optional<std::string> body;
+  std::string description;  // subagent description or shell command
+};
+
+struct inbox_row {
+  session_id session;
+  notification_id nid;
+  std::optional<session_id> from;
+  std::string body;
+  bool acked = false;
+};
+
+/// What settle commits in one transaction.
+struct settle_request {
+  session_id child;
+  protocol::report_state outcome = protocol::report_state::completed;
+  std::int64_t input_cursor = 0;
+  // Exactly one of these decides the job row:
+  std::optional<job_id> background_job;        // make this running row terminal
+  std::optional<notification_id> mint_none;    // insert a none-mode terminal row
+  bool drop_background = false;                // silent link: delete the background row
+  std::optional<session_id> parent;            // for the none-mode row
+  std::string body;                            // the rendered report
+  std::string description;
+};
+
+struct settle_result {
+  bool row_written = false;  // a terminal row now owes a report
+};
+
+class report_store {
+ public:
+  report_store(writer& w, std::string path) : w_(w), readers_(std::move(path)) {}
+
+  writer& db_writer() { return w_; }
+
+  // --- writes (each one request; answered after COMMIT) ---
+  awaitable<result<void>> create_session(session_row row);
+  /// Appends a transcript message; returns its seq.
+  awaitable<result<std::int64_t>> append(session_id s, std::string role, std::string kind,
+                                         std::string status, std::string text);
+  /// Opens a busy period on disk: status busy and the claim set.
+  awaitable<result<void>> begin_busy(session_id s);
+  /// Creates a child (unless it exists), appends its prompt and, for a
+  /// background job, writes the running row: all in one transaction, before
+  /// the child's busy period can start.
+  awaitable<result<std::int64_t>> spawn(std::optional<session_row> create, session_id child,
+                                        std::string prompt, std::optional<job_row> job,
+                                        std::optional<bool> notify_update = {});
+  /// The settle transaction: child idle (claim released, resume attempts
+  /// reset, input cursor advanced) and the job row terminal with the body.
+  awaitable<result<settle_result>> settle(settle_request req);
+  /// Admits a report into a session's inbox; false if that id was already
+  /// there (the repeat is dropped). errc::not_found if the session is gone.
+  awaitable<result<bool>> admit(session_id to, notification_id nid,
+                                std::optional<session_id> from, std::string body);
+  /// The job row completes: the report is in the inbox, the outbox row goes.
+  awaitable<result<void>> complete(notification_id nid);
+  /// Moves pending inbox rows into the transcript and acknowledges them, in
+  /// one transaction. Returns the appended messages.
+  awaitable<result<std::vector<message_row>>> take_inbox(session_id s);
+  awaitable<result<void>> set_revert(session_id s, bool staged);
+  awaitable<result<int>> bump_resume(session_id s);
+  awaitable<result<void>> write_job(job_row row);
+  /// A shell exited: its notice enters the owner's inbox and its row goes.
+  awaitable<result<bool>> finish_shell(notification_id nid, session_id owner, std::string body);
+
+  // --- reads ---
+  result<std::optional<session_row>> session(const session_id& s);
+  result<std::vector<session_row>> sessions();
+  result<std::vector<job_row>> jobs();
+  result<std::vector<message_row>> messages(const session_id& s, std::int64_t after = 0);
+  /// How many user messages the session has up to and including seq.
+  result<std::int64_t> user_ordinal(const session_id& s, std::int64_t seq);
+  result<std::vector<inbox_row>> inbox(const session_id& s);
+  /// The newest completed, error-free assistant message with seq > after,
+  /// paging backwards 20 rows at a time.
+  result<std::optional<message_row>> last_assistant_after(const session_id& s, std::int64_t after);
+
+ private:
+  writer& w_;
+  reader_pool readers_;
+};
+
+}  // namespace tether::persistence
