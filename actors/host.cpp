@@ -46,12 +46,19 @@ void host::warn(const std::string& w) {
 
 std::int64_t host::next_generation() { return ++generation_; }
 
-void host::activity(int delta) {
+void host::activity(int delta, bool shell) {
   std::vector<std::shared_ptr<runtime::one_shot<int>>> ready;
   {
     std::lock_guard lk(activity_m_);
-    active_ += delta;
-    if (active_ == 0) ready.swap(quiescent_waiters_);
+    (shell ? shells_active_ : active_) += delta;
+    for (auto it = quiescent_waiters_.begin(); it != quiescent_waiters_.end();) {
+      if (active_ == 0 && (!it->shells || shells_active_ == 0)) {
+        ready.push_back(it->done);
+        it = quiescent_waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
   for (auto& w : ready) w->set(0);
 }
@@ -61,12 +68,12 @@ void host::wake(session& s, wake_scope scope, bool report) {
   if (!s.tell(session_msg::wake{scope, report, true})) activity(-1);
 }
 
-awaitable<void> host::wait_quiescent() {
+awaitable<void> host::wait_quiescent(bool shells) {
   auto w = runtime::one_shot<int>::make();
   {
     std::lock_guard lk(activity_m_);
-    if (active_ == 0) co_return;
-    quiescent_waiters_.push_back(w);
+    if (active_ == 0 && (!shells || shells_active_ == 0)) co_return;
+    quiescent_waiters_.push_back({w, shells});
   }
   co_await w->async_wait(asio::use_awaitable);
 }
@@ -232,7 +239,7 @@ awaitable<result<std::string>> host::start_shell(session_id owner, std::string c
   auto w = co_await store_->write_job(std::move(row));
   if (!w) co_return w.error();
   TETHER_CRASH_POINT("shell.after_register");
-  activity(+1);
+  activity(+1, true);
   {
     std::lock_guard lk(shells_m_);
     shell_table_[s.id] = s;
@@ -268,7 +275,7 @@ awaitable<void> host::finish_shell(shell_info s, std::string notice) {
     TETHER_CRASH_POINT("shell.after_finish");
     if (auto o = get(s.owner)) wake(**o, wake_scope::input, true);
   }
-  activity(-1);
+  activity(-1, true);
 }
 
 awaitable<result<void>> host::deliver_safe(job_row row, boot_report& rep) {
@@ -315,7 +322,7 @@ awaitable<result<boot_report>> host::boot() {
     if (row.kind == "shell") {
       if (!row.child) continue;
       shell_info s{row.id.str(), *row.child, row.description, -1};
-      activity(+1);
+      activity(+1, true);
       {
         std::lock_guard lk(shells_m_);
         shell_table_[s.id] = s;

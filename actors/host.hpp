@@ -73,8 +73,9 @@ class host {
   awaitable<result<notification_id>> background(session_id child);
   /// Resolves once the session is idle (after its settle).
   awaitable<result<void>> wait_idle(session_id s);
-  /// Resolves once nothing runs: no busy period, shell or delivery in flight.
-  awaitable<void> wait_quiescent();
+  /// Resolves once nothing runs: no busy period, wake or delivery in flight,
+  /// and (unless `shells` is false) no background shell.
+  awaitable<void> wait_quiescent(bool shells = true);
 
   /// Graceful shutdown: keeps claims and running rows, sends no cancelled
   /// report. Idempotent.
@@ -95,7 +96,7 @@ class host {
   void note_child(const session_id& parent, const session_id& child);
   awaitable<result<std::string>> start_shell(session_id owner, std::string command);
   std::int64_t next_generation();
-  void activity(int delta);
+  void activity(int delta, bool shell = false);
   /// Tells `s` to wake; counted as activity until handled, so quiescence
   /// cannot be observed while a wake is in a mailbox.
   void wake(session& s, wake_scope scope, bool report);
@@ -134,7 +135,12 @@ class host {
 
   std::mutex activity_m_;
   long active_ = 0;
-  std::vector<std::shared_ptr<runtime::one_shot<int>>> quiescent_waiters_;
+  long shells_active_ = 0;
+  struct quiet_waiter {
+    std::shared_ptr<runtime::one_shot<int>> done;
+    bool shells;
+  };
+  std::vector<quiet_waiter> quiescent_waiters_;
   std::atomic<bool> shutting_down_{false};
   bool shut_ = false;
 };
