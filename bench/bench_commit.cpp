@@ -10,19 +10,17 @@
 // and its figure is over all slices, so a stretch of slow fsyncs (other
 // processes writing to the same disk) weighs on both sides. At the end each
 // database is counted: every write answered as committed must be there.
-#include "support.hpp"
-
-#include "tether/persistence/writer.hpp"
-#include "tether/runtime/sync_wait.hpp"
+#include <SQLiteCpp/Statement.h>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
-
-#include <SQLiteCpp/Statement.h>
-
 #include <cstdlib>
 #include <filesystem>
+
+#include "support.hpp"
+#include "tether/persistence/writer.hpp"
+#include "tether/runtime/sync_wait.hpp"
 
 namespace {
 
@@ -173,7 +171,8 @@ void check_rows(const std::string& path, std::uint64_t answered) {
 }
 
 std::string make_temp_dir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "tether-bench-commit-XXXXXX").string();
+  std::string tmpl =
+      (std::filesystem::temp_directory_path() / "tether-bench-commit-XXXXXX").string();
   if (!::mkdtemp(tmpl.data())) die("cannot create a temp dir under /tmp");
   return tmpl;
 }

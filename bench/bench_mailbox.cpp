@@ -11,30 +11,28 @@
 //   ask:  a coroutine makes n round trips one after the other.
 //   one executor: everything on one io_context run by this thread.
 //   two executors: sender on executor_pool(2).at(0), receiver on .at(1).
-#include "support.hpp"
-
-#include "tether/runtime/actor.hpp"
-#include "tether/runtime/executor_pool.hpp"
-#include "tether/runtime/sync_wait.hpp"
+#include <malloc.h>
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/experimental/channel.hpp>
 #include <boost/asio/experimental/concurrent_channel.hpp>
 #include <boost/asio/use_future.hpp>
-
-#include <malloc.h>
-
 #include <cstdlib>
 #include <functional>
 #include <future>
+
+#include "support.hpp"
+#include "tether/runtime/actor.hpp"
+#include "tether/runtime/executor_pool.hpp"
+#include "tether/runtime/sync_wait.hpp"
 
 namespace {
 
 using namespace tether;
 using namespace tether::runtime;
 namespace bench = tether::bench;
-using boost::system::error_code;
 using bench::clock;
+using boost::system::error_code;
 
 constexpr char k_bench[] = "bench_mailbox";
 constexpr std::size_t k_window = 1024;
@@ -355,10 +353,12 @@ void race_place(Make make) {
   };
   auto tell = race(
       {
-          {"tell_" + p + "_actor", with([](Place& pl, auto n) { return actor_tell<sync_sink>(pl, n); })},
+          {"tell_" + p + "_actor",
+           with([](Place& pl, auto n) { return actor_tell<sync_sink>(pl, n); })},
           {"tell_" + p + "_actor_coroutine_handler",
            with([](Place& pl, auto n) { return actor_tell<coro_sink>(pl, n); })},
-          {"tell_" + p + "_raw_channel", with([](Place& pl, auto n) { return raw_tell<false>(pl, n); })},
+          {"tell_" + p + "_raw_channel",
+           with([](Place& pl, auto n) { return raw_tell<false>(pl, n); })},
           {"tell_" + p + "_raw_channel_try_first",
            with([](Place& pl, auto n) { return raw_tell<true>(pl, n); })},
       },
@@ -369,10 +369,12 @@ void race_place(Make make) {
 
   auto ask = race(
       {
-          {"ask_" + p + "_actor", with([](Place& pl, auto n) { return actor_ask<sync_sink>(pl, n); })},
+          {"ask_" + p + "_actor",
+           with([](Place& pl, auto n) { return actor_ask<sync_sink>(pl, n); })},
           {"ask_" + p + "_actor_coroutine_handler",
            with([](Place& pl, auto n) { return actor_ask<coro_sink>(pl, n); })},
-          {"ask_" + p + "_raw_channel_pair", with([](Place& pl, auto n) { return raw_ask_pair(pl, n); })},
+          {"ask_" + p + "_raw_channel_pair",
+           with([](Place& pl, auto n) { return raw_ask_pair(pl, n); })},
           {"ask_" + p + "_raw_channel_per_request",
            with([](Place& pl, auto n) { return raw_ask_per_request(pl, n); })},
       },
@@ -393,8 +395,8 @@ void idle_actors() {
   long long before = bench::rss_bytes();
   actors.reserve(k_idle_actors);
   for (std::size_t i = 0; i < k_idle_actors; ++i) {
-    auto a = std::make_shared<coro_sink>(io.get_executor(),
-                                         actor_options{"idle-" + std::to_string(i)});
+    auto a =
+        std::make_shared<coro_sink>(io.get_executor(), actor_options{"idle-" + std::to_string(i)});
     ping p{i};
     if (!a->tell(std::move(p))) die("tell to an idle actor failed");
     actors.push_back(std::move(a));
@@ -409,8 +411,8 @@ void idle_actors() {
     if (a->pings != 1) die("an idle actor did not handle its one ping");
   double k = static_cast<double>(k_idle_actors);
   bench::emit(k_bench, "idle_actor_rss", static_cast<double>(after - before) / k, "bytes/actor");
-  bench::emit(k_bench, "idle_actor_rss_after_malloc_trim", static_cast<double>(trimmed - before) / k,
-              "bytes/actor");
+  bench::emit(k_bench, "idle_actor_rss_after_malloc_trim",
+              static_cast<double>(trimmed - before) / k, "bytes/actor");
   bench::emit(k_bench, "idle_actor_object_size", static_cast<double>(sizeof(coro_sink)), "bytes");
 }
 
@@ -421,7 +423,8 @@ int main() {
   idle_actors();
   race_place<one_executor>([] { return std::make_unique<one_executor>(); });
   executor_pool pool(2);
-  race_place<two_executors>([&pool] { return std::make_unique<two_executors>(two_executors{pool}); });
+  race_place<two_executors>(
+      [&pool] { return std::make_unique<two_executors>(two_executors{pool}); });
   pool.join();
   return 0;
 }

@@ -1,10 +1,5 @@
 // embed: an actor answers an ask, the persistence writer commits its answer,
 // and a read connection finds it on disk. Exits 0 only if all three worked.
-#include <tether/persistence/database.hpp>
-#include <tether/persistence/writer.hpp>
-#include <tether/runtime/actor.hpp>
-#include <tether/runtime/sync_wait.hpp>
-
 #include <SQLiteCpp/Statement.h>
 
 #include <cstdio>
@@ -12,6 +7,10 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <tether/persistence/database.hpp>
+#include <tether/persistence/writer.hpp>
+#include <tether/runtime/actor.hpp>
+#include <tether/runtime/sync_wait.hpp>
 
 namespace asio = boost::asio;
 namespace rt = tether::runtime;
@@ -60,7 +59,8 @@ asio::awaitable<int> run(std::shared_ptr<greeter> g, db::writer* w, std::string 
   SQLite::Statement sel(*r, "SELECT text FROM greetings WHERE id = ?");
   sel.bind(1, *id);
   if (!sel.executeStep() || sel.getColumn(0).getString() != text) {
-    std::fprintf(stderr, "embed: row %lld is not on disk as written\n", static_cast<long long>(*id));
+    std::fprintf(stderr, "embed: row %lld is not on disk as written\n",
+                 static_cast<long long>(*id));
     co_return 1;
   }
   std::printf("the actor said \"%s\"; committed as row %lld of %s\n", text.c_str(),
