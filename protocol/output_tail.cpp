@@ -25,6 +25,15 @@ void head_tail::append(std::string_view bytes) {
   }
 }
 
+head_tail head_tail::restore(std::string_view head, std::string_view tail, std::uint64_t total,
+                             std::size_t head_limit, std::size_t tail_limit) {
+  head_tail h(head_limit, tail_limit);
+  h.append(head);
+  h.append(tail);
+  if (total > h.total_) h.total_ = total;  // the bytes between were dropped
+  return h;
+}
+
 std::uint64_t head_tail::dropped() const { return total_ - head_.size() - tail().size(); }
 
 head_tail::slice head_tail::read(std::uint64_t from, std::size_t max) const {

@@ -21,6 +21,12 @@ class head_tail {
 
   void append(std::string_view bytes);
 
+  /// Rebuilds retention from persisted pieces: the head, and the tail that
+  /// ends a stream of `total` bytes.
+  static head_tail restore(std::string_view head, std::string_view tail, std::uint64_t total,
+                           std::size_t head_limit = k_default_limit / 2,
+                           std::size_t tail_limit = k_default_limit / 2);
+
   /// Bytes seen in total, retained or not.
   std::uint64_t total() const { return total_; }
   /// Retained bytes between head and tail were dropped when total() > limits.

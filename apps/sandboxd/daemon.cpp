@@ -1,0 +1,716 @@
+#include "daemon.hpp"
+
+#include "tether/protocol/ids.hpp"
+#include "tether/runtime/crash_point.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/experimental/channel.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <iostream>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace tether::sandboxd {
+
+using asio::use_awaitable;
+namespace json = boost::json;
+constexpr auto tuple_awaitable = asio::as_tuple(asio::use_awaitable);
+using wait_type = asio::posix::descriptor_base::wait_type;
+
+job::~job() {
+  if (out_file >= 0) ::close(out_file);
+  if (output_fd >= 0) ::close(output_fd);
+  if (pidfd >= 0) ::close(pidfd);
+}
+
+// ---- one client connection ----------------------------------------------------------
+
+class connection : public std::enable_shared_from_this<connection> {
+ public:
+  using socket_t = asio::local::stream_protocol::socket;
+  using channel_t = asio::experimental::channel<void(boost::system::error_code, std::string)>;
+
+  connection(daemon& d, socket_t s) : d_(d), sock_(std::move(s)), out_(sock_.get_executor(), 64) {}
+
+  void start() {
+    auto ex = sock_.get_executor();
+    asio::co_spawn(ex, read_loop(shared_from_this()), asio::detached);
+    asio::co_spawn(ex, write_loop(shared_from_this()), asio::detached);
+  }
+
+  /// Queues a reply; a closed connection drops it.
+  awaitable<void> send(std::uint64_t id, wire::reply_body body) {
+    if (broken_) co_return;
+    wire::reply r{id, std::move(body)};
+    std::string line = wire::encode(r);
+    line.push_back('\n');
+    boost::system::error_code ok;
+    co_await out_.async_send(ok, std::move(line), tuple_awaitable);
+  }
+
+  bool broken() const { return broken_; }
+
+ private:
+  awaitable<void> read_loop(std::shared_ptr<connection> /*self: keeps us alive*/) {
+    std::string buf;
+    std::vector<char> chunk(1 << 16);
+    bool discarding = false;
+    for (;;) {
+      auto [ec, n] = co_await sock_.async_read_some(asio::buffer(chunk), tuple_awaitable);
+      if (ec) break;
+      buf.append(chunk.data(), n);
+      std::size_t start = 0;
+      for (;;) {
+        auto nl = buf.find('\n', start);
+        if (nl == std::string::npos) break;
+        std::string line = buf.substr(start, nl - start);
+        start = nl + 1;
+        if (discarding) {
+          discarding = false;
+          continue;
+        }
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (line.find_first_not_of(" \t") == std::string::npos) continue;
+        co_await handle_line(std::move(line));
+        if (broken_) co_return;
+      }
+      buf.erase(0, start);
+      if (buf.size() > wire::k_max_line) {
+        if (!discarding) {
+          wire::error_rep e{"invalid", "request line is longer than " +
+                                           std::to_string(wire::k_max_line) +
+                                           " bytes; it was discarded"};
+          co_await send(0, std::move(e));
+        }
+        discarding = true;
+        buf.clear();
+      }
+    }
+    close();
+  }
+
+  awaitable<void> write_loop(std::shared_ptr<connection> /*self*/) {
+    for (;;) {
+      auto [ec, line] = co_await out_.async_receive(tuple_awaitable);
+      if (ec) break;
+      std::string batch = std::move(line);
+      while (batch.size() < (256u << 10) &&
+             out_.try_receive([&](boost::system::error_code e, std::string s) {
+               if (!e) batch += s;
+             })) {
+      }
+      auto [wec, n] = co_await asio::async_write(sock_, asio::buffer(batch), tuple_awaitable);
+      if (wec) break;
+    }
+    close();
+  }
+
+  static std::uint64_t peek_id(std::string_view line) {
+    json::parse_options o;
+    o.allow_invalid_utf8 = true;
+    boost::system::error_code ec;
+    auto v = json::parse(line, ec, {}, o);
+    if (ec || !v.is_object()) return 0;
+    auto* id = v.get_object().if_contains("id");
+    if (id && id->is_uint64()) return id->get_uint64();
+    if (id && id->is_int64() && id->get_int64() > 0) return static_cast<std::uint64_t>(id->get_int64());
+    return 0;
+  }
+
+  awaitable<void> handle_line(std::string line) {
+    auto req = wire::decode_request(line);
+    if (!req) {
+      wire::error_rep e{"invalid", "bad request: " + req.error().describe()};
+      co_await send(peek_id(line), std::move(e));
+      co_return;
+    }
+    std::uint64_t id = req->id;
+    auto& body = req->body;
+    if (auto* h = std::get_if<wire::hello_req>(&body)) {
+      if (h->version != wire::k_version) {
+        wire::error_rep e{"unsupported_version",
+                          "this daemon speaks protocol version " + std::to_string(wire::k_version) +
+                              "; the client asked for " + std::to_string(h->version)};
+        co_await send(id, std::move(e));
+        co_return;
+      }
+      hello_ = true;
+      mode_ = h->mode;
+      co_await send(id, d_.hello(mode_));
+      co_return;
+    }
+    if (!hello_) {
+      wire::error_rep e{"refused", "send hello first: the connection has not negotiated a version"};
+      co_await send(id, std::move(e));
+      co_return;
+    }
+    bool mutates = std::holds_alternative<wire::exec_req>(body) ||
+                   std::holds_alternative<wire::kill_req>(body) ||
+                   std::holds_alternative<wire::expire_req>(body);
+    if (mutates && mode_ == wire::conn_mode::read_only) {
+      static constexpr const char* names[] = {"hello", "exec", "attach", "kill", "list", "expire"};
+      wire::error_rep e{"refused", std::string(names[body.index()]) +
+                                       " is refused: this connection is read-only (hello mode "
+                                       "read_only); nothing was started or changed"};
+      co_await send(id, std::move(e));
+      co_return;
+    }
+    auto ex = sock_.get_executor();
+    if (auto* x = std::get_if<wire::exec_req>(&body)) {
+      auto rep = d_.exec(*x);
+      co_await send(id, std::move(rep));
+    } else if (auto* e = std::get_if<wire::expire_req>(&body)) {
+      auto rep = d_.expire(*e);
+      co_await send(id, std::move(rep));
+    } else if (auto* a = std::get_if<wire::attach_req>(&body)) {
+      asio::co_spawn(ex, d_.attach(shared_from_this(), id, std::move(*a)), asio::detached);
+    } else if (auto* k = std::get_if<wire::kill_req>(&body)) {
+      asio::co_spawn(ex, d_.kill(shared_from_this(), id, std::move(*k)), asio::detached);
+    } else if (auto* l = std::get_if<wire::list_req>(&body)) {
+      asio::co_spawn(ex, d_.list(shared_from_this(), id, std::move(*l)), asio::detached);
+    }
+  }
+
+  void close() {
+    if (broken_) return;
+    broken_ = true;
+    boost::system::error_code ec;
+    sock_.close(ec);
+    out_.cancel();
+    out_.close();
+    d_.connection_closed();
+  }
+
+  daemon& d_;
+  socket_t sock_;
+  channel_t out_;
+  bool broken_ = false;
+  bool hello_ = false;
+  wire::conn_mode mode_ = wire::conn_mode::read_only;
+};
+
+// ---- the daemon ------------------------------------------------------------------------
+
+daemon::daemon(asio::io_context& io, daemon_config cfg)
+    : io_(io), cfg_(std::move(cfg)), changed_(io), idle_(io) {
+  changed_.expires_at(asio::steady_timer::time_point::max());
+  last_activity_ = std::chrono::steady_clock::now();
+}
+
+daemon::~daemon() = default;
+
+void daemon::log(const std::string& line) const {
+  std::cerr << "tether-sandboxd[" << ::getpid() << "] " << line << std::endl;
+}
+
+void daemon::notify() {
+  last_activity_ = std::chrono::steady_clock::now();
+  changed_.cancel();
+}
+
+awaitable<void> daemon::wait_changed() {
+  auto [ec] = co_await changed_.async_wait(tuple_awaitable);
+  (void)ec;
+}
+
+void daemon::connection_opened() {
+  ++connections_;
+  notify();
+}
+
+void daemon::connection_closed() {
+  --connections_;
+  notify();
+}
+
+std::shared_ptr<job> daemon::find(const job_id& id) const {
+  auto it = jobs_.find(id.str());
+  return it == jobs_.end() ? nullptr : it->second;
+}
+
+wire::error_rep daemon::not_found(const job_id& id) const {
+  return {"not_found", "no job '" + id.str() + "' in sandbox '" + cfg_.id.sandbox_id +
+                           "' generation " + std::to_string(cfg_.id.generation) +
+                           " (unknown here, or cleaned up after its grace period)"};
+}
+
+result<void> daemon::start() {
+  if (auto r = recover(); !r) return r;
+  fs::path sock = cfg_.state_dir / "sock";
+  if (sock.string().size() >= sizeof(sockaddr_un::sun_path))
+    return error{errc::invalid, "socket path " + sock.string() + " is " +
+                                    std::to_string(sock.string().size()) +
+                                    " bytes; Unix sockets allow " +
+                                    std::to_string(sizeof(sockaddr_un::sun_path) - 1) +
+                                    "; choose a shorter --state-dir"};
+  ::unlink(sock.c_str());  // we hold the lock: a socket file left here is stale
+  try {
+    acceptor_ = std::make_unique<asio::local::stream_protocol::acceptor>(
+        io_, asio::local::stream_protocol::endpoint(sock.string()));
+  } catch (const std::exception& e) {
+    return error{errc::io, "cannot listen on " + sock.string() + ": " + e.what()};
+  }
+  ::chmod(sock.c_str(), 0600);
+  asio::co_spawn(io_, accept_loop(), asio::detached);
+  if (cfg_.idle_exit.count() > 0) asio::co_spawn(io_, idle_loop(), asio::detached);
+  log("serving sandbox '" + cfg_.id.sandbox_id + "' generation " +
+      std::to_string(cfg_.id.generation) + " on " + sock.string());
+  return {};
+}
+
+void daemon::shutdown(const std::string& why) {
+  if (stopping_) return;
+  stopping_ = true;
+  log("stopping (" + why + "); killing the process groups of running jobs");
+  for (auto& [id, j] : jobs_)
+    if (j->running() && j->rec.pid > 0) ::kill(-static_cast<pid_t>(j->rec.pid), SIGKILL);
+  if (acceptor_) {
+    boost::system::error_code ec;
+    acceptor_->close(ec);
+  }
+  io_.stop();
+}
+
+awaitable<void> daemon::accept_loop() {
+  for (;;) {
+    auto [ec, s] = co_await acceptor_->async_accept(tuple_awaitable);
+    if (ec) {
+      if (stopping_ || ec == asio::error::operation_aborted) co_return;
+      continue;
+    }
+    auto c = std::make_shared<connection>(*this, std::move(s));
+    connection_opened();
+    c->start();
+  }
+}
+
+awaitable<void> daemon::idle_loop() {
+  for (;;) {
+    idle_.expires_after(cfg_.idle_exit);
+    co_await idle_.async_wait(tuple_awaitable);
+    if (stopping_) co_return;
+    bool busy = connections_ > 0 || !jobs_.empty();
+    if (!busy && std::chrono::steady_clock::now() - last_activity_ >= cfg_.idle_exit) {
+      shutdown("idle for " + std::to_string(cfg_.idle_exit.count()) + " ms");
+      co_return;
+    }
+  }
+}
+
+wire::hello_rep daemon::hello(wire::conn_mode mode) const {
+  wire::hello_rep h;
+  h.sandbox = protocol::sandbox_id(cfg_.id.sandbox_id);
+  h.generation = cfg_.id.generation;
+  h.mode = mode;
+  h.pid = ::getpid();
+  return h;
+}
+
+wire::reply_body daemon::exec(const wire::exec_req& r) {
+  if (r.isolate && cfg_.tools.bwrap.empty())
+    return wire::error_rep{"refused",
+                           "isolation was requested but bwrap is not installed (Debian package "
+                           "bubblewrap); nothing was started"};
+  struct stat st;
+  if (::stat(r.cwd.c_str(), &st) != 0)
+    return wire::error_rep{"invalid", "cwd '" + r.cwd + "' cannot be used (" +
+                                          std::strerror(errno) + "); nothing was started"};
+  if (!S_ISDIR(st.st_mode))
+    return wire::error_rep{"invalid", "cwd '" + r.cwd + "' is not a directory; nothing was started"};
+  job_id id = r.job.empty() ? job_id(protocol::mint("job")) : r.job;
+  if (auto existing = find(id)) {
+    wire::started_rep s{id, existing->rec.pid, true};
+    return s;
+  }
+  auto j = std::make_shared<job>(io_, cfg_.retain_bytes);
+  j->scrub = std::make_unique<protocol::scrubber>(protocol::scrub_rules::from_env(r.env, r.secret_names));
+  j->stream = std::make_unique<protocol::stream_scrubber>(*j->scrub);
+  j->dir = cfg_.state_dir / "jobs" / id.str();
+  auto& rec = j->rec;
+  rec.job = id.str();
+  rec.command = j->scrub->scrub(r.command);
+  rec.cwd = r.cwd;
+  rec.isolate = r.isolate;
+  rec.state = "starting";
+  rec.started_at_ms = now_ms();
+  rec.tail_lines = r.tail_lines;
+  rec.tail_bytes = r.tail_bytes;
+  rec.preview_bytes = r.preview_bytes;
+  std::error_code ec;
+  fs::create_directories(j->dir, ec);
+  if (ec)
+    return wire::error_rep{"io", "cannot create " + j->dir.string() + ": " + ec.message() +
+                                     "; nothing was started"};
+  if (auto w = write_record(j->dir, rec); !w)
+    return wire::error_rep{"io", w.error().message + "; nothing was started"};
+  TETHER_CRASH_POINT("sandboxd.job_recorded");
+  j->out_file = ::open((j->dir / "output").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+  spawn_request sr{r.command, r.cwd, r.env, (j->dir / "status").string(), r.isolate, r.allow_network};
+  auto sp = spawn_job(cfg_.tools, sr);
+  if (!sp.ok) {
+    fs::remove_all(j->dir, ec);
+    return wire::error_rep{"io", sp.error + "; nothing was started"};
+  }
+  j->pidfd = sp.ok->pidfd;
+  j->output_fd = sp.ok->output_fd;
+  j->is_child = true;
+  rec.pid = sp.ok->pid;
+  rec.pid_start = sp.ok->start_time;
+  rec.state = "running";
+  if (auto w = write_record(j->dir, rec); !w) log("job " + rec.job + ": " + w.error().message);
+  TETHER_CRASH_POINT("sandboxd.job_spawned");
+  jobs_[id.str()] = j;
+  ++revision_;
+  notify();
+  asio::co_spawn(io_, watch(j), asio::detached);
+  wire::started_rep s{id, rec.pid, false};
+  return s;
+}
+
+bool daemon::drain(job& j, std::size_t budget) {
+  char buf[65536];
+  std::size_t got = 0;
+  for (;;) {
+    ssize_t n = ::read(j.output_fd, buf, sizeof buf);
+    if (n > 0) {
+      append_output(j, j.stream->feed(std::string_view(buf, static_cast<std::size_t>(n))));
+      got += static_cast<std::size_t>(n);
+      if (got >= budget) return true;
+      continue;
+    }
+    if (n == 0) return false;
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK;
+  }
+}
+
+void daemon::append_output(job& j, std::string_view s) {
+  if (s.empty()) return;
+  j.out.append(s);
+  if (j.out_file >= 0 && j.out_file_bytes < cfg_.retain_bytes) {
+    std::size_t off = 0;
+    while (off < s.size()) {
+      ssize_t n = ::write(j.out_file, s.data() + off, s.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        log("job " + j.rec.job + ": cannot write its output file: " + std::strerror(errno));
+        ::close(j.out_file);
+        j.out_file = -1;
+        break;
+      }
+      off += static_cast<std::size_t>(n);
+    }
+    j.out_file_bytes += off;
+  }
+  notify();
+}
+
+awaitable<void> daemon::watch(std::shared_ptr<job> j) {
+  using namespace asio::experimental::awaitable_operators;
+  asio::posix::stream_descriptor pid_d(io_, std::exchange(j->pidfd, -1));
+  std::optional<asio::posix::stream_descriptor> out_d;
+  bool open = j->output_fd >= 0;
+  if (open) out_d.emplace(io_, ::dup(j->output_fd));  // j keeps the fd it reads with
+  for (;;) {
+    if (open) {
+      auto a = out_d->async_wait(wait_type::wait_read, use_awaitable);
+      auto b = pid_d.async_wait(wait_type::wait_read, use_awaitable);
+      auto which = co_await (std::move(a) || std::move(b));
+      if (which.index() == 0) {
+        open = drain(*j, 1 << 20);
+        continue;
+      }
+    } else {
+      co_await pid_d.async_wait(wait_type::wait_read, use_awaitable);
+    }
+    break;
+  }
+  // What the shell wrote before it exited is in the pipe already. Processes it
+  // left behind may keep writing; take a bounded amount.
+  if (open) drain(*j, 4 << 20);
+  std::optional<std::pair<bool, int>> shell;
+  if (j->is_child) shell = reap(pid_d.native_handle());
+  finalize(j, shell,
+           j->is_child ? "the shell's exit could not be reaped"
+                       : "the daemon restarted while this job ran and its exit status was not "
+                         "captured");
+}
+
+void daemon::finalize(std::shared_ptr<job> jp, std::optional<std::pair<bool, int>> shell,
+                      std::string unknown_reason) {
+  job& j = *jp;
+  if (j.stream) append_output(j, j.stream->finish());
+  if (j.output_fd >= 0) {
+    ::close(j.output_fd);
+    j.output_fd = -1;
+  }
+  protocol::launch_outcome o;
+  if (shell) o.shell = protocol::launch_outcome::shell_end{shell->first, shell->second};
+  if (auto st = read_file(j.dir / "status"); st && !st->empty()) {
+    auto pos = st->rfind("pipestatus ");
+    if (pos != std::string::npos) {
+      auto end = st->find('\n', pos);
+      o.capture_line = st->substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+    }
+  }
+  o.kill_requested = j.rec.kill_requested;
+  o.unknown_reason = std::move(unknown_reason);
+  protocol::shell_completion c;
+  c.job = j.rec.job;
+  c.status = protocol::judge(o, j.rec.command);
+  c.preview = protocol::make_preview(j.rec.command, static_cast<std::size_t>(j.rec.preview_bytes));
+  auto tail_bytes = static_cast<std::size_t>(j.rec.tail_bytes);
+  auto t = protocol::make_tail(j.out.last(tail_bytes + 8), j.out.total(),
+                               static_cast<std::size_t>(j.rec.tail_lines), tail_bytes);
+  c.tail = std::move(t.text);
+  c.tail_omitted_bytes = t.omitted_bytes;
+  c.tail_lines = t.lines;
+  c.output_bytes = j.out.total();
+  c.started_at_ms = j.rec.started_at_ms;
+  c.ended_at_ms = now_ms();
+
+  if (j.out_file >= 0) {
+    ::close(j.out_file);
+    j.out_file = -1;
+  }
+  if (j.out_file_bytes != j.out.total()) {
+    std::string snap(j.out.head());
+    snap.append(j.out.tail());
+    if (auto w = write_file_atomic(j.dir / "output", snap); !w) log(w.error().message);
+    j.rec.head_len = j.out.head().size();
+  } else {
+    j.rec.head_len = j.out.total();
+  }
+  j.rec.output_total = j.out.total();
+  j.rec.output_final = true;
+  j.rec.state = std::string(protocol::to_string(c.status.state));
+  j.rec.done = std::move(c);
+  if (auto w = write_record(j.dir, j.rec); !w) log("job " + j.rec.job + ": " + w.error().message);
+  TETHER_CRASH_POINT("sandboxd.job_finished");
+  ++revision_;
+  notify();
+  arm_grace(jp, cfg_.grace);
+}
+
+void daemon::arm_grace(std::shared_ptr<job> j, std::chrono::milliseconds after) {
+  j->grace.expires_after(after);
+  std::weak_ptr<job> weak = j;
+  j->grace.async_wait([this, weak](boost::system::error_code ec) {
+    if (ec) return;
+    if (auto jj = weak.lock(); jj && !jj->expired) erase(jj->rec.job);
+  });
+}
+
+void daemon::erase(const std::string& id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  auto j = it->second;
+  j->expired = true;
+  j->grace.cancel();
+  std::error_code ec;
+  fs::remove_all(j->dir, ec);
+  if (ec) log("job " + id + ": cannot remove " + j->dir.string() + ": " + ec.message());
+  jobs_.erase(it);
+  ++revision_;
+  notify();
+}
+
+wire::reply_body daemon::expire(const wire::expire_req& r) {
+  wire::expired_rep rep;
+  if (r.job) {
+    auto j = find(*r.job);
+    if (!j) return not_found(*r.job);
+    if (j->running())
+      return wire::error_rep{"refused", "job '" + r.job->str() +
+                                            "' is still running; only completed jobs expire"};
+    erase(r.job->str());
+    rep.jobs.push_back(*r.job);
+    return rep;
+  }
+  std::vector<std::string> done;
+  for (auto& [id, j] : jobs_)
+    if (!j->running()) done.push_back(id);
+  for (auto& id : done) {
+    erase(id);
+    rep.jobs.emplace_back(id);
+  }
+  return rep;
+}
+
+awaitable<void> daemon::attach(std::shared_ptr<connection> c, std::uint64_t id, wire::attach_req r) {
+  auto j = find(r.job);
+  if (!j) {
+    co_await c->send(id, not_found(r.job));
+    co_return;
+  }
+  std::uint64_t offset = r.offset;
+  for (;;) {
+    if (c->broken()) co_return;
+    auto s = j->out.read(offset, static_cast<std::size_t>(r.max_bytes));
+    if (!s.data.empty() || s.skipped) {
+      offset = s.offset + s.data.size();
+      wire::output_rep o{r.job, s.offset, std::move(s.data), s.skipped};
+      co_await c->send(id, std::move(o));
+      continue;
+    }
+    if (!j->running() || !r.follow) {
+      wire::status_rep st{r.job, j->out.total(), j->rec.done};
+      co_await c->send(id, std::move(st));
+      co_return;
+    }
+    co_await wait_changed();
+  }
+}
+
+awaitable<void> daemon::kill(std::shared_ptr<connection> c, std::uint64_t id, wire::kill_req r) {
+  auto j = find(r.job);
+  if (!j) {
+    co_await c->send(id, not_found(r.job));
+    co_return;
+  }
+  if (!j->kill_started && !j->running()) {
+    wire::killed_rep k{*j->rec.done};  // it had ended on its own
+    co_await c->send(id, std::move(k));
+    co_return;
+  }
+  if (!j->kill_started) {
+    j->kill_started = true;
+    j->rec.kill_requested = true;
+    if (auto w = write_record(j->dir, j->rec); !w) log("job " + j->rec.job + ": " + w.error().message);
+    auto wait = r.wait_ms ? std::chrono::milliseconds(*r.wait_ms) : cfg_.kill_wait;
+    asio::co_spawn(io_, kill_sequence(j, wait), asio::detached);
+  }
+  while (!j->stop_confirmed) {
+    if (c->broken()) co_return;
+    co_await wait_changed();
+  }
+  wire::killed_rep k{*j->rec.done};
+  co_await c->send(id, std::move(k));
+}
+
+awaitable<void> daemon::kill_sequence(std::shared_ptr<job> j, std::chrono::milliseconds wait) {
+  using namespace asio::experimental::awaitable_operators;
+  auto pgid = static_cast<pid_t>(j->rec.pid);
+  bool escalated = wait.count() == 0;
+  ::kill(-pgid, escalated ? SIGKILL : SIGTERM);
+  asio::steady_timer deadline(io_, wait);
+  for (;;) {
+    auto members = group_members(pgid);
+    if (members.empty()) {
+      if (!j->running()) break;
+      co_await wait_changed();  // the shell exited; its watcher is finalizing
+      continue;
+    }
+    int fd = open_pidfd(members.front());
+    if (fd < 0) continue;  // gone between the scan and here
+    asio::posix::stream_descriptor d(io_, fd);
+    if (escalated) {
+      co_await d.async_wait(wait_type::wait_read, use_awaitable);
+      continue;
+    }
+    auto a = d.async_wait(wait_type::wait_read, use_awaitable);
+    auto b = deadline.async_wait(use_awaitable);
+    auto which = co_await (std::move(a) || std::move(b));
+    if (which.index() == 1) {
+      log("job " + j->rec.job + ": process group " + std::to_string(pgid) + " outlived SIGTERM by " +
+          std::to_string(wait.count()) + " ms; sending SIGKILL");
+      ::kill(-pgid, SIGKILL);
+      escalated = true;
+    }
+  }
+  j->stop_confirmed = true;
+  notify();
+}
+
+awaitable<void> daemon::list(std::shared_ptr<connection> c, std::uint64_t id, wire::list_req r) {
+  if (r.after_revision)
+    while (revision_ <= *r.after_revision) {
+      if (c->broken()) co_return;
+      co_await wait_changed();
+    }
+  wire::jobs_rep rep;
+  rep.revision = revision_;
+  for (auto& [jid, j] : jobs_) {
+    wire::job_summary s;
+    s.job = job_id(jid);
+    s.state = j->rec.done ? j->rec.done->status.state : protocol::job_state::running;
+    s.preview = protocol::make_preview(j->rec.command, 200).text;
+    s.pid = j->rec.pid;
+    s.exit_code = j->rec.done ? j->rec.done->status.exit_code : -1;
+    s.output_bytes = j->out.total();
+    rep.jobs.push_back(std::move(s));
+  }
+  co_await c->send(id, std::move(rep));
+}
+
+result<void> daemon::recover() {
+  fs::path root = cfg_.state_dir / "jobs";
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) return error{errc::io, "cannot create " + root.string() + ": " + ec.message()};
+  for (auto& entry : fs::directory_iterator(root, ec)) {
+    if (!entry.is_directory()) continue;
+    auto rec = read_record(entry.path());
+    if (!rec && rec.error().code == errc::not_found) {
+      // Created, but the record never landed: nothing was started for it.
+      fs::remove_all(entry.path(), ec);
+      continue;
+    }
+    if (!rec)
+      return error{rec.error().code, "refusing to start: " + rec.error().message +
+                                         "; nothing was changed"};
+    auto j = std::make_shared<job>(io_, cfg_.retain_bytes);
+    j->rec = std::move(*rec);
+    j->dir = entry.path();
+    if (auto out = read_file(j->dir / "output"); out) {
+      if (j->rec.output_final && j->rec.head_len <= out->size()) {
+        std::string_view all(*out);
+        j->out = protocol::head_tail::restore(all.substr(0, j->rec.head_len), all.substr(j->rec.head_len),
+                                              j->rec.output_total, cfg_.retain_bytes / 2,
+                                              cfg_.retain_bytes / 2);
+      } else {
+        j->out.append(*out);
+      }
+      j->out_file_bytes = j->out.total();
+    }
+    const std::string id = j->rec.job;
+    jobs_[id] = j;
+    if (j->rec.done) {
+      auto left = j->rec.done->ended_at_ms + cfg_.grace.count() - now_ms();
+      arm_grace(j, std::chrono::milliseconds(std::max<std::int64_t>(0, left)));
+      continue;
+    }
+    if (j->rec.state == "starting") {
+      finalize(j, std::nullopt,
+               "the daemon stopped while launching this job; it may not have run");
+      continue;
+    }
+    auto pid = static_cast<pid_t>(j->rec.pid);
+    if (pid > 0 && process_start_time(pid) == j->rec.pid_start) {
+      int fd = open_pidfd(pid);
+      if (fd >= 0) {
+        j->pidfd = fd;
+        j->is_child = false;
+        log("job " + id + " (pid " + std::to_string(pid) + ") is still running; watching it again");
+        asio::co_spawn(io_, watch(j), asio::detached);
+        continue;
+      }
+    }
+    finalize(j, std::nullopt,
+             "the daemon restarted after this job ended and its exit status was not captured");
+  }
+  if (ec) return error{errc::io, "cannot list " + root.string() + ": " + ec.message()};
+  return {};
+}
+
+}  // namespace tether::sandboxd

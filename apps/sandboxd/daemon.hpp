@@ -1,0 +1,125 @@
+#pragma once
+// tether-sandboxd: one per sandbox. Serves the wire protocol of
+// protocol/sandbox_wire.hpp on DIR/sock, runs jobs, and keeps their records
+// in DIR (see job_store.hpp) so a restarted daemon, or a host that restarted,
+// finds them again by id.
+//
+// Single-threaded: everything runs on one io_context. A job's shell is watched
+// through its pidfd and its output pipe; completion is the pidfd becoming
+// readable, never a sleep. Waiters (attach followers, kills, list watchers)
+// wait on `changed_`, a timer used as a condition variable: every state change
+// cancels it and each waiter re-checks what it waits for.
+#include "job_store.hpp"
+#include "launcher.hpp"
+
+#include "tether/protocol/output_tail.hpp"
+#include "tether/protocol/sandbox_wire.hpp"
+#include "tether/protocol/scrub.hpp"
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+
+namespace tether::sandboxd {
+
+namespace asio = boost::asio;
+using asio::awaitable;
+namespace wire = protocol::sandbox;
+using protocol::job_id;
+
+struct daemon_config {
+  fs::path state_dir;
+  identity id;
+  std::chrono::milliseconds grace{20000};     // completed jobs stay this long
+  std::chrono::milliseconds kill_wait{5000};  // TERM → KILL escalation
+  std::chrono::milliseconds idle_exit{0};     // 0: never exit when idle
+  std::size_t retain_bytes = protocol::head_tail::k_default_limit;
+  launcher_config tools;
+};
+
+struct job {
+  explicit job(asio::io_context& io, std::size_t retain)
+      : out(retain / 2, retain / 2), grace(io) {}
+  ~job();
+
+  job_record rec;
+  fs::path dir;
+  std::unique_ptr<protocol::scrubber> scrub;
+  std::unique_ptr<protocol::stream_scrubber> stream;
+  protocol::head_tail out;
+  int out_file = -1;  // DIR/jobs/<id>/output, appended while running
+  std::uint64_t out_file_bytes = 0;
+  int output_fd = -1;  // pipe from the shell; -1 for a job recovered after a restart
+  int pidfd = -1;
+  bool is_child = false;  // reaped by us (a recovered job is not our child)
+  bool kill_started = false;
+  bool stop_confirmed = false;  // after a kill: no process of the group is left
+  bool expired = false;
+  asio::steady_timer grace;
+  bool running() const { return !rec.done.has_value(); }
+};
+
+class connection;
+
+class daemon {
+ public:
+  daemon(asio::io_context& io, daemon_config cfg);
+  ~daemon();
+
+  /// Recovers the jobs on disk and starts listening on DIR/sock.
+  result<void> start();
+  /// Kills every running job's process group and stops the io_context.
+  void shutdown(const std::string& why);
+
+  // Used by connections.
+  wire::hello_rep hello(wire::conn_mode mode) const;
+  wire::reply_body exec(const wire::exec_req& r);
+  wire::reply_body expire(const wire::expire_req& r);
+  awaitable<void> attach(std::shared_ptr<connection> c, std::uint64_t id, wire::attach_req r);
+  awaitable<void> kill(std::shared_ptr<connection> c, std::uint64_t id, wire::kill_req r);
+  awaitable<void> list(std::shared_ptr<connection> c, std::uint64_t id, wire::list_req r);
+  awaitable<void> wait_changed();
+  void notify();
+  void connection_opened();
+  void connection_closed();
+  asio::io_context& io() { return io_; }
+
+ private:
+  awaitable<void> accept_loop();
+  awaitable<void> watch(std::shared_ptr<job> j);
+  awaitable<void> kill_sequence(std::shared_ptr<job> j, std::chrono::milliseconds wait);
+  awaitable<void> idle_loop();
+  bool drain(job& j, std::size_t budget);
+  void append_output(job& j, std::string_view scrubbed);
+  void finalize(std::shared_ptr<job> j, std::optional<std::pair<bool, int>> shell,
+                std::string unknown_reason);
+  void arm_grace(std::shared_ptr<job> j, std::chrono::milliseconds after);
+  void erase(const std::string& id);
+  result<void> recover();
+  wire::error_rep not_found(const job_id& id) const;
+  std::shared_ptr<job> find(const job_id& id) const;
+  void log(const std::string& line) const;
+
+  asio::io_context& io_;
+  daemon_config cfg_;
+  std::unique_ptr<asio::local::stream_protocol::acceptor> acceptor_;
+  std::map<std::string, std::shared_ptr<job>> jobs_;
+  std::uint64_t revision_ = 1;
+  asio::steady_timer changed_;
+  asio::steady_timer idle_;
+  int connections_ = 0;
+  std::chrono::steady_clock::time_point last_activity_;
+  bool stopping_ = false;
+};
+
+/// Runs the daemon: parses argv, takes the state directory's lock, signals
+/// readiness on --ready-fd. Returns the process exit code.
+int daemon_main(int argc, char** argv);
+
+}  // namespace tether::sandboxd

@@ -1,0 +1,184 @@
+#include "job_store.hpp"
+
+#include "tether/protocol/ids.hpp"
+#include "tether/protocol/json.hpp"
+#include "tether/protocol/sandbox_wire.hpp"
+#include "tether/runtime/crash_point.hpp"
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace tether::sandboxd {
+
+namespace json = boost::json;
+using protocol::fields;
+
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+result<void> write_file_atomic(const fs::path& p, std::string_view content) {
+  fs::path tmp = p;
+  tmp += ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return error{errc::io, "cannot create " + tmp.string() + ": " + std::strerror(errno)};
+  std::size_t off = 0;
+  while (off < content.size()) {
+    ssize_t n = ::write(fd, content.data() + off, content.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int e = errno;
+      ::close(fd);
+      return error{errc::io, "cannot write " + tmp.string() + ": " + std::strerror(e)};
+    }
+    off += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), p.c_str()) != 0)
+    return error{errc::io, "cannot rename " + tmp.string() + " to " + p.string() + ": " +
+                               std::strerror(errno)};
+  return {};
+}
+
+result<std::string> read_file(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    errc c = errno == ENOENT ? errc::not_found : errc::io;
+    return error{c, "cannot open " + p.string() + ": " + std::strerror(errno)};
+  }
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int e = errno;
+      ::close(fd);
+      return error{errc::io, "cannot read " + p.string() + ": " + std::strerror(e)};
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+result<identity> load_identity(const fs::path& dir, const std::string& wanted_id, bool replace) {
+  fs::path file = dir / "sandbox.json";
+  auto text = read_file(file);
+  identity id;
+  if (!text && text.error().code != errc::not_found) return text.error();
+  if (text) {
+    auto v = protocol::parse_json(*text);
+    if (!v)
+      return error{errc::corrupt, "refusing to start: " + file.string() + " does not parse (" +
+                                      v.error().describe() + "); nothing was changed"};
+    auto f = fields::of(*v);
+    if (!f) return error{errc::corrupt, "refusing to start: " + file.string() + ": " + f.error().describe()};
+    auto sid = f->str("sandbox_id");
+    auto gen = f->i64("generation");
+    if (!sid || !gen || *gen < 1)
+      return error{errc::corrupt, "refusing to start: " + file.string() + ": " +
+                                      (!sid ? sid.error().describe()
+                                            : !gen ? gen.error().describe()
+                                                   : std::string("generation must be >= 1")) +
+                                      "; nothing was changed"};
+    id.sandbox_id = *sid;
+    id.generation = static_cast<std::uint64_t>(*gen);
+    if (!wanted_id.empty() && wanted_id != id.sandbox_id && !replace)
+      return error{errc::refused, "refusing to start: " + dir.string() + " belongs to sandbox '" +
+                                      id.sandbox_id + "', not '" + wanted_id +
+                                      "' (pass --replace to replace it); nothing was changed"};
+    if (!replace) return id;
+    if (!wanted_id.empty()) id.sandbox_id = wanted_id;
+    id.generation += 1;
+  } else {
+    id.sandbox_id = wanted_id.empty() ? protocol::mint("sbx") : wanted_id;
+    id.generation = 1;
+  }
+  std::error_code ec;
+  if (replace) {
+    // The old generation's jobs describe a machine that no longer exists.
+    fs::remove_all(dir / "jobs", ec);
+    if (ec) return error{errc::io, "cannot remove " + (dir / "jobs").string() + ": " + ec.message()};
+  }
+  json::object o{{"sandbox_id", id.sandbox_id}, {"generation", id.generation}};
+  if (auto w = write_file_atomic(file, protocol::to_text(o)); !w) return w.error();
+  TETHER_CRASH_POINT("sandboxd.identity_written");
+  return id;
+}
+
+result<void> write_record(const fs::path& job_dir, const job_record& r) {
+  json::object o{{"job", r.job},
+                 {"command", r.command},
+                 {"cwd", r.cwd},
+                 {"isolate", r.isolate},
+                 {"state", r.state},
+                 {"pid", r.pid},
+                 {"pid_start", r.pid_start},
+                 {"started_at_ms", r.started_at_ms},
+                 {"tail_lines", r.tail_lines},
+                 {"tail_bytes", r.tail_bytes},
+                 {"preview_bytes", r.preview_bytes},
+                 {"kill_requested", r.kill_requested},
+                 {"output_total", r.output_total},
+                 {"head_len", r.head_len},
+                 {"output_final", r.output_final}};
+  if (r.done) o["done"] = protocol::sandbox::to_json(*r.done);
+  return write_file_atomic(job_dir / "job.json", protocol::to_text(o));
+}
+
+result<job_record> read_record(const fs::path& job_dir) {
+  fs::path file = job_dir / "job.json";
+  auto text = read_file(file);
+  if (!text) return text.error();
+  auto v = protocol::parse_json(*text);
+  auto bad = [&](const protocol::decode_error& e) {
+    return error{errc::corrupt, file.string() + ": " + e.describe()};
+  };
+  if (!v) return bad(v.error());
+  auto f = fields::of(*v);
+  if (!f) return bad(f.error());
+  job_record r;
+#define TAKE(lhs, expr)              \
+  do {                               \
+    auto t_ = (expr);                \
+    if (!t_) return bad(t_.error()); \
+    lhs = *t_;                       \
+  } while (0)
+  TAKE(r.job, f->str("job"));
+  TAKE(r.command, f->str("command"));
+  TAKE(r.cwd, f->str("cwd"));
+  TAKE(r.isolate, f->boolean("isolate"));
+  TAKE(r.state, f->str("state"));
+  TAKE(r.pid, f->i64("pid"));
+  std::int64_t tmp;
+  TAKE(tmp, f->i64("pid_start"));
+  r.pid_start = static_cast<std::uint64_t>(tmp);
+  TAKE(r.started_at_ms, f->i64("started_at_ms"));
+  TAKE(r.tail_lines, f->i64("tail_lines"));
+  TAKE(r.tail_bytes, f->i64("tail_bytes"));
+  TAKE(r.preview_bytes, f->i64("preview_bytes"));
+  TAKE(r.kill_requested, f->boolean("kill_requested"));
+  TAKE(tmp, f->i64("output_total"));
+  r.output_total = static_cast<std::uint64_t>(tmp);
+  TAKE(tmp, f->i64("head_len"));
+  r.head_len = static_cast<std::uint64_t>(tmp);
+  TAKE(r.output_final, f->boolean("output_final"));
+#undef TAKE
+  if (f->has("done")) {
+    auto c = protocol::sandbox::completion_from_json(f->obj().at("done"), "done");
+    if (!c) return bad(c.error());
+    r.done = std::move(*c);
+  }
+  if (r.job != job_dir.filename().string())
+    return error{errc::corrupt, file.string() + ": job id '" + r.job + "' does not match its directory"};
+  return r;
+}
+
+}  // namespace tether::sandboxd

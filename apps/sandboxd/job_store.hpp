@@ -1,0 +1,66 @@
+#pragma once
+// The daemon's state directory:
+//
+//   DIR/sandbox.json         {"sandbox_id", "generation"}: who this sandbox is
+//   DIR/lock                 flock'd by the running daemon (one per directory)
+//   DIR/sock                 the Unix socket
+//   DIR/jobs/<id>/job.json   one record per job (see job_record)
+//   DIR/jobs/<id>/output     scrubbed output: the stream while running, head+tail after
+//   DIR/jobs/<id>/status     the launcher's capture line (fd 63 of the shell)
+//
+// Files are replaced by write-to-temp + rename, without fsync: the records
+// must survive the daemon process dying (the page cache does), and a machine
+// crash ends the sandbox's processes anyway. Nothing here holds a raw secret:
+// commands are stored scrubbed and output is scrubbed before it is written.
+#include "tether/protocol/notice.hpp"
+#include "tether/runtime/error.hpp"
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tether::sandboxd {
+
+namespace fs = std::filesystem;
+
+struct identity {
+  std::string sandbox_id;
+  std::uint64_t generation = 0;
+};
+
+/// Loads DIR/sandbox.json or creates it. `replace` bumps the generation and
+/// drops the previous generation's job records. A `wanted_id` that differs
+/// from the stored one is refused unless `replace` is set.
+result<identity> load_identity(const fs::path& dir, const std::string& wanted_id, bool replace);
+
+struct job_record {
+  std::string job;
+  std::string command;  // scrubbed
+  std::string cwd;
+  bool isolate = false;
+  std::string state = "starting";  // starting, running, then a protocol::job_state
+  std::int64_t pid = 0;
+  std::uint64_t pid_start = 0;
+  std::int64_t started_at_ms = 0;
+  std::int64_t tail_lines = 40, tail_bytes = 4096, preview_bytes = 200;
+  bool kill_requested = false;
+  std::optional<protocol::shell_completion> done;
+  // Output layout once done: `output` holds head_len bytes of head, then the
+  // tail, which ends the stream of output_total bytes.
+  std::uint64_t output_total = 0;
+  std::uint64_t head_len = 0;
+  bool output_final = false;
+};
+
+result<void> write_record(const fs::path& job_dir, const job_record& r);
+result<job_record> read_record(const fs::path& job_dir);
+
+result<void> write_file_atomic(const fs::path& p, std::string_view content);
+/// Whole file, or an error naming it.
+result<std::string> read_file(const fs::path& p);
+
+std::int64_t now_ms();
+
+}  // namespace tether::sandboxd

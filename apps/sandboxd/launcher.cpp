@@ -1,0 +1,199 @@
+#include "launcher.hpp"
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <spawn.h>
+#include <sstream>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace tether::sandboxd {
+
+namespace {
+
+constexpr int k_status_fd = 63;
+
+std::string find_on_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::string p = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  std::stringstream ss(p);
+  std::string dir;
+  while (std::getline(ss, dir, ':')) {
+    if (dir.empty()) continue;
+    std::string cand = dir + "/" + name;
+    if (::access(cand.c_str(), X_OK) == 0) return cand;
+  }
+  return {};
+}
+
+struct file_actions {
+  posix_spawn_file_actions_t fa;
+  file_actions() { posix_spawn_file_actions_init(&fa); }
+  ~file_actions() { posix_spawn_file_actions_destroy(&fa); }
+};
+struct spawn_attr {
+  posix_spawnattr_t a;
+  spawn_attr() { posix_spawnattr_init(&a); }
+  ~spawn_attr() { posix_spawnattr_destroy(&a); }
+};
+
+}  // namespace
+
+launcher_config find_tools() {
+  launcher_config c;
+  auto bash = find_on_path("bash");
+  if (!bash.empty()) c.bash = bash;
+  c.bwrap = find_on_path("bwrap");
+  return c;
+}
+
+std::string launcher_script(const std::string& command) {
+  return command +
+         "\n__tether_ps=(\"${PIPESTATUS[@]}\" \"$?\"); "
+         "printf 'pipestatus %s\\n' \"${__tether_ps[*]}\" >&63; "
+         "exit \"${__tether_ps[-1]}\"";
+}
+
+spawn_result spawn_job(const launcher_config& cfg, const spawn_request& r) {
+  spawn_result res;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    res.error = std::string("pipe: ") + std::strerror(errno);
+    return res;
+  }
+  int status_fd = ::open(r.status_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (status_fd < 0) {
+    res.error = "open " + r.status_path + ": " + std::strerror(errno);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return res;
+  }
+
+  std::vector<std::string> argv;
+  if (r.isolate) {
+    argv = {cfg.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--tmpfs", "/tmp", "--bind", r.cwd, r.cwd, "--unshare-all"};
+    if (r.allow_network) argv.push_back("--share-net");
+    argv.insert(argv.end(), {"--chdir", r.cwd, "--"});
+  }
+  argv.insert(argv.end(), {cfg.bash, "-c", launcher_script(r.command), "tether-job"});
+  std::vector<char*> av;
+  for (auto& s : argv) av.push_back(s.data());
+  av.push_back(nullptr);
+  std::vector<std::string> envs;
+  for (auto& [k, v] : r.env) envs.push_back(k + "=" + v);
+  std::vector<char*> ev;
+  for (auto& s : envs) ev.push_back(s.data());
+  ev.push_back(nullptr);
+
+  file_actions fa;
+  posix_spawn_file_actions_addopen(&fa.fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa.fa, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&fa.fa, fds[1], 2);
+  posix_spawn_file_actions_adddup2(&fa.fa, status_fd, k_status_fd);
+  posix_spawn_file_actions_addchdir_np(&fa.fa, r.cwd.c_str());
+  spawn_attr at;
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  for (int s : {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGCHLD, SIGUSR1, SIGUSR2, SIGALRM})
+    sigaddset(&defaults, s);
+  posix_spawnattr_setflags(&at.a, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
+                                      POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setpgroup(&at.a, 0);
+  posix_spawnattr_setsigmask(&at.a, &none);
+  posix_spawnattr_setsigdefault(&at.a, &defaults);
+
+  pid_t pid;
+  int rc = ::posix_spawn(&pid, av[0], &fa.fa, &at.a, av.data(), ev.data());
+  ::close(fds[1]);
+  ::close(status_fd);
+  if (rc != 0) {
+    ::close(fds[0]);
+    res.error = "could not start " + argv[0] + " in " + r.cwd + ": " + std::strerror(rc);
+    return res;
+  }
+  spawned s;
+  s.pid = pid;
+  s.output_fd = fds[0];
+  ::fcntl(s.output_fd, F_SETFL, ::fcntl(s.output_fd, F_GETFL) | O_NONBLOCK);
+  s.pidfd = open_pidfd(pid);
+  s.start_time = process_start_time(pid);
+  if (s.pidfd < 0) {
+    // Cannot watch it: do not leave it running unobserved.
+    int err = errno;
+    ::kill(-pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    ::close(s.output_fd);
+    res.error = std::string("pidfd_open: ") + std::strerror(err);
+    return res;
+  }
+  res.ok = s;
+  return res;
+}
+
+namespace {
+// Fields after "pid (comm) ": state, ppid, pgrp, ... starttime is field 22.
+bool read_stat(pid_t pid, char& state, pid_t& pgrp, std::uint64_t& start) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return false;
+  auto close = line.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream in(line.substr(close + 2));
+  std::string field;
+  std::vector<std::string> v;
+  while (in >> field && v.size() < 20) v.push_back(field);
+  if (v.size() < 20) return false;
+  state = v[0].empty() ? '?' : v[0][0];
+  pgrp = static_cast<pid_t>(std::stol(v[2]));
+  start = std::stoull(v[19]);
+  return true;
+}
+}  // namespace
+
+std::vector<pid_t> group_members(pid_t pgid) {
+  std::vector<pid_t> out;
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (auto* e = ::readdir(d)) {
+    char* end;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (*end != '\0' || pid <= 0) continue;
+    char state;
+    pid_t pgrp;
+    std::uint64_t start;
+    if (!read_stat(static_cast<pid_t>(pid), state, pgrp, start)) continue;
+    if (pgrp == pgid && state != 'Z' && state != 'X') out.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(d);
+  return out;
+}
+
+std::uint64_t process_start_time(pid_t pid) {
+  char state;
+  pid_t pgrp;
+  std::uint64_t start = 0;
+  if (!read_stat(pid, state, pgrp, start)) return 0;
+  return start;
+}
+
+int open_pidfd(pid_t pid) {
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+}
+
+std::optional<std::pair<bool, int>> reap(int pidfd) {
+  siginfo_t si{};
+  if (::waitid(static_cast<idtype_t>(3) /* P_PIDFD */, static_cast<id_t>(pidfd), &si, WEXITED) != 0)
+    return std::nullopt;
+  if (si.si_code == CLD_EXITED) return std::make_pair(false, si.si_status);
+  return std::make_pair(true, si.si_status);
+}
+
+}  // namespace tether::sandboxd

@@ -1,0 +1,70 @@
+#pragma once
+// Starting a job's shell and knowing when its processes are gone.
+//
+// Per-stage capture: the command runs as `bash -c SCRIPT` where SCRIPT is the
+// user's command followed, on its own line, by
+//
+//   __tether_ps=("${PIPESTATUS[@]}" "$?"); printf 'pipestatus %s\n' ... >&63; exit ...
+//
+// so the statuses of every stage of the command's last pipeline (and the
+// shell's own $?) are written to fd 63, which is the job's `status` file.
+// The capture is unavailable when the command ends the shell itself (`exit`,
+// `exec`, a syntax error, an unterminated here-document, a trailing `\`) or the
+// shell is killed; the notice then says the status is the shell's only.
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tether::sandboxd {
+
+struct spawn_request {
+  std::string command;
+  std::string cwd;
+  std::vector<std::pair<std::string, std::string>> env;
+  std::string status_path;  // receives the capture line (fd 63)
+  bool isolate = false;
+  bool allow_network = false;
+};
+
+struct spawned {
+  pid_t pid = -1;           // the shell (or bwrap), leader of its own process group
+  int output_fd = -1;       // read end of stdout+stderr, non-blocking, close-on-exec
+  int pidfd = -1;           // readable once `pid` exits
+  std::uint64_t start_time = 0;  // /proc/<pid>/stat starttime, to recognise the pid later
+};
+
+struct launcher_config {
+  std::string bash = "/bin/bash";
+  std::string bwrap;  // empty: isolation unavailable
+};
+
+/// Finds bash and bwrap on PATH.
+launcher_config find_tools();
+
+/// The script `bash -c` runs: the command plus the capture line.
+std::string launcher_script(const std::string& command);
+
+/// Starts the job. Errors are returned as text naming what failed.
+struct spawn_result {
+  std::optional<spawned> ok;
+  std::string error;
+};
+spawn_result spawn_job(const launcher_config& cfg, const spawn_request& r);
+
+/// Non-zombie processes whose process group is `pgid`.
+std::vector<pid_t> group_members(pid_t pgid);
+
+/// /proc/<pid>/stat starttime, or 0 if the process is gone.
+std::uint64_t process_start_time(pid_t pid);
+
+/// pidfd_open(2); -1 with errno on failure.
+int open_pidfd(pid_t pid);
+
+/// How the child behind `pidfd` ended (it must have exited): {signalled, code-or-signal}.
+std::optional<std::pair<bool, int>> reap(int pidfd);
+
+}  // namespace tether::sandboxd

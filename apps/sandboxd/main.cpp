@@ -1,0 +1,143 @@
+// tether-sandboxd --state-dir DIR [--sandbox-id ID] [--replace] [--grace-ms N]
+//                 [--kill-wait-ms N] [--retain-bytes N] [--idle-exit-ms N] [--ready-fd FD]
+//
+// One daemon per sandbox state directory. See docs/sandbox.md.
+#include "daemon.hpp"
+
+#include "tether/runtime/crash_point.hpp"
+
+#include <boost/asio/signal_set.hpp>
+
+#include <cerrno>
+#include <charconv>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <string>
+#include <sys/file.h>
+#include <unistd.h>
+
+namespace tether::sandboxd {
+
+namespace {
+
+constexpr const char* k_usage =
+    "usage: tether-sandboxd --state-dir DIR [--sandbox-id ID] [--replace] [--grace-ms N]\n"
+    "                       [--kill-wait-ms N] [--retain-bytes N] [--idle-exit-ms N]\n"
+    "                       [--ready-fd FD]\n";
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "tether-sandboxd: %s\n", msg.c_str());
+  return 2;
+}
+
+bool parse_num(const std::string& s, long long& out) {
+  auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+  return r.ec == std::errc() && r.ptr == s.data() + s.size() && out >= 0;
+}
+
+void say(int fd, const std::string& line) {
+  if (fd < 0) return;
+  std::string l = line + "\n";
+  [[maybe_unused]] auto n = ::write(fd, l.data(), l.size());
+  ::close(fd);
+}
+
+}  // namespace
+
+int daemon_main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);
+  if (auto r = runtime::check_crash_env(); !r) return fail(r.error().message);
+  daemon_config cfg;
+  std::string wanted_id;
+  bool replace = false;
+  int ready_fd = -1;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](std::string& out) {
+      if (i + 1 >= argc) return false;
+      out = argv[++i];
+      return true;
+    };
+    auto number = [&](long long& out) {
+      std::string v;
+      if (!value(v)) return false;
+      return parse_num(v, out);
+    };
+    long long n = 0;
+    std::string v;
+    if (a == "--state-dir" && value(v)) {
+      cfg.state_dir = v;
+    } else if (a == "--sandbox-id" && value(v)) {
+      wanted_id = v;
+    } else if (a == "--replace") {
+      replace = true;
+    } else if (a == "--grace-ms" && number(n)) {
+      cfg.grace = std::chrono::milliseconds(n);
+    } else if (a == "--kill-wait-ms" && number(n)) {
+      cfg.kill_wait = std::chrono::milliseconds(n);
+    } else if (a == "--retain-bytes" && number(n) && n >= 2) {
+      cfg.retain_bytes = static_cast<std::size_t>(n);
+    } else if (a == "--idle-exit-ms" && number(n)) {
+      cfg.idle_exit = std::chrono::milliseconds(n);
+    } else if (a == "--ready-fd" && number(n)) {
+      ready_fd = static_cast<int>(n);
+    } else if (a == "-h" || a == "--help") {
+      std::fputs(k_usage, stdout);
+      return 0;
+    } else {
+      std::fputs(k_usage, stderr);
+      return fail("bad or incomplete argument '" + a + "'");
+    }
+  }
+  if (ready_fd >= 0) ::fcntl(ready_fd, F_SETFD, FD_CLOEXEC);
+  if (cfg.state_dir.empty()) {
+    std::fputs(k_usage, stderr);
+    return fail("--state-dir is required");
+  }
+  std::error_code ec;
+  fs::create_directories(cfg.state_dir, ec);
+  if (ec) return fail("cannot create state dir " + cfg.state_dir.string() + ": " + ec.message());
+  cfg.state_dir = fs::absolute(cfg.state_dir);
+
+  // One daemon per directory: the lock is held for the process's life.
+  fs::path lock = cfg.state_dir / "lock";
+  int lock_fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd < 0) return fail("cannot open " + lock.string() + ": " + std::strerror(errno));
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    say(ready_fd, "busy");
+    std::fprintf(stderr, "tether-sandboxd: another daemon serves %s\n", cfg.state_dir.c_str());
+    return replace ? 3 : 0;
+  }
+  std::string pid = std::to_string(::getpid()) + "\n";
+  ::ftruncate(lock_fd, 0);
+  [[maybe_unused]] auto w = ::pwrite(lock_fd, pid.data(), pid.size(), 0);
+
+  auto id = load_identity(cfg.state_dir, wanted_id, replace);
+  if (!id) {
+    say(ready_fd, "error " + id.error().message);
+    return fail(id.error().message);
+  }
+  cfg.id = *id;
+  cfg.tools = find_tools();
+
+  asio::io_context io;
+  daemon d(io, cfg);
+  if (auto r = d.start(); !r) {
+    say(ready_fd, "error " + r.error().message);
+    return fail(r.error().message);
+  }
+  asio::signal_set signals(io, SIGTERM, SIGINT);
+  signals.async_wait([&](boost::system::error_code ec2, int sig) {
+    if (!ec2) d.shutdown(std::string("signal ") + std::to_string(sig));
+  });
+  say(ready_fd, "ready " + cfg.id.sandbox_id + " " + std::to_string(cfg.id.generation) + " " +
+                    std::to_string(::getpid()));
+  io.run();
+  return 0;
+}
+
+}  // namespace tether::sandboxd
+
+int main(int argc, char** argv) { return tether::sandboxd::daemon_main(argc, argv); }
