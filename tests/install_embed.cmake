@@ -20,7 +20,9 @@ function(step what)
   set(step_output "${out}" PARENT_SCOPE)
 endfunction()
 
-step("cmake --install" "${CMAKE_COMMAND}" --install "${BIN}" --prefix "${WORK}/prefix")
+# Installs what the build produced: build the whole tree first (make build).
+step("cmake --install (needs a fully built ${BIN})" "${CMAKE_COMMAND}" --install "${BIN}"
+     --prefix "${WORK}/prefix")
 step("configure examples/embed" "${CMAKE_COMMAND}" -S "${SRC}/examples/embed" -B "${WORK}/build"
      -G "${GENERATOR}" "-DCMAKE_CXX_COMPILER=${CXX}" "-DCMAKE_PREFIX_PATH=${WORK}/prefix"
      -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
