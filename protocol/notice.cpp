@@ -72,7 +72,7 @@ class pipeline_splitter {
  public:
   explicit pipeline_splitter(std::string_view s) : s_(s) {}
 
-  std::vector<std::string> last(bool* negated) {
+  pipeline_shape last() {
     std::size_t i = 0;
     std::size_t stage_start = 0;
     std::vector<std::string> current;
@@ -199,16 +199,16 @@ class pipeline_splitter {
       ++i;
     }
     end_pipeline(s_.size());
-    bool neg = false;
+    pipeline_shape shape;
     if (!last_nonempty.empty()) {
       auto& first = last_nonempty.front();
       if (first.size() >= 2 && first[0] == '!' && is_space(first[1])) {
-        neg = true;
+        shape.negated = true;
         first = trim(std::string_view(first).substr(1));
       }
     }
-    if (negated) *negated = neg;
-    return last_nonempty;
+    shape.stages = std::move(last_nonempty);
+    return shape;
   }
 
  private:
@@ -288,11 +288,9 @@ int stage_signal(int code) { return code > 128 && code <= 128 + 64 ? code - 128 
 
 }  // namespace
 
-std::vector<std::string> last_pipeline_stages(std::string_view command, bool* negated) {
-  return pipeline_splitter(command).last(negated);
-}
+pipeline_shape last_pipeline(std::string_view command) { return pipeline_splitter(command).last(); }
 
-job_status judge(const launch_outcome& o, std::string_view command) {
+job_status judge(const launch_outcome& o, const pipeline_shape& shape) {
   job_status s;
   std::optional<std::vector<int>> cap;
   if (o.capture_line) cap = parse_capture(*o.capture_line);
@@ -308,8 +306,8 @@ job_status judge(const launch_outcome& o, std::string_view command) {
     int dollar = cap->back();
     if (!o.shell) s.shell_code = dollar;
     s.capture = capture_kind::per_stage;
-    bool negated = false;
-    auto names = last_pipeline_stages(command, &negated);
+    bool negated = shape.negated;
+    const auto& names = shape.stages;
     std::size_t n = cap->size() - 1;
     bool named = names.size() == n;
     std::vector<std::string> notes;

@@ -65,13 +65,18 @@ struct launch_outcome {
   std::string unknown_reason;  // used when neither the shell end nor the capture is known
 };
 
-/// Judges an outcome. `command` names the stages of its last pipeline.
-job_status judge(const launch_outcome& o, std::string_view command);
+/// The last pipeline of a shell command list, best effort: quotes, escapes,
+/// $(...), (...), {...}, compound commands, here-documents and comments are
+/// respected. Parse the raw command, then scrub each stage.
+struct pipeline_shape {
+  std::vector<std::string> stages;
+  bool negated = false;  // the pipeline starts with `!`
+  friend bool operator==(const pipeline_shape&, const pipeline_shape&) = default;
+};
+pipeline_shape last_pipeline(std::string_view command);
 
-/// The stages of the last pipeline of a shell command list, best effort:
-/// quotes, escapes, $(...), (...), {...} and comments are respected. Sets
-/// `negated` when the pipeline starts with `!`.
-std::vector<std::string> last_pipeline_stages(std::string_view command, bool* negated = nullptr);
+/// Judges an outcome. `shape` names the stages when its count matches the capture.
+job_status judge(const launch_outcome& o, const pipeline_shape& shape);
 
 /// Signal name ("SIGTERM") or "signal N".
 std::string signal_name(int sig);

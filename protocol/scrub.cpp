@@ -356,7 +356,7 @@ void match_assignments(std::string_view t, const scrubber& s, spans& out) {
       char encl = nb > 0 && (t[nb - 1] == '"' || t[nb - 1] == '\'') ? t[nb - 1] : 0;
       ve = vb;
       while (ve < t.size() && !is_eol(t[ve]) && t[ve] != encl) ++ve;
-      while (ve > vb && is_space(t[ve - 1])) --ve;
+      while (ve > vb && (is_space(t[ve - 1]) || (encl && t[ve - 1] == '\\'))) --ve;
     } else {
       auto stop = [](char c) {
         return is_space(c) || is_eol(c) ||

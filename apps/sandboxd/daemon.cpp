@@ -339,6 +339,9 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
   auto& rec = j->rec;
   rec.job = id.str();
   rec.command = j->scrub->scrub(r.command);
+  // Stages are split on the raw command (scrubbing can break its quoting), then scrubbed.
+  rec.shape = protocol::last_pipeline(r.command);
+  for (auto& st : rec.shape.stages) st = j->scrub->scrub(st);
   rec.cwd = r.cwd;
   rec.isolate = r.isolate;
   rec.state = "starting";
@@ -467,7 +470,7 @@ void daemon::finalize(std::shared_ptr<job> jp, std::optional<std::pair<bool, int
   o.unknown_reason = std::move(unknown_reason);
   protocol::shell_completion c;
   c.job = j.rec.job;
-  c.status = protocol::judge(o, j.rec.command);
+  c.status = protocol::judge(o, j.rec.shape);
   c.preview = protocol::make_preview(j.rec.command, static_cast<std::size_t>(j.rec.preview_bytes));
   auto tail_bytes = static_cast<std::size_t>(j.rec.tail_bytes);
   auto t = protocol::make_tail(j.out.last(tail_bytes + 8), j.out.total(),

@@ -129,6 +129,10 @@ result<void> write_record(const fs::path& job_dir, const job_record& r) {
                  {"output_total", r.output_total},
                  {"head_len", r.head_len},
                  {"output_final", r.output_final}};
+  json::array stages;
+  for (auto& st : r.shape.stages) stages.emplace_back(st);
+  o["stages"] = std::move(stages);
+  o["negated"] = r.shape.negated;
   if (r.done) o["done"] = protocol::sandbox::to_json(*r.done);
   return write_file_atomic(job_dir / "job.json", protocol::to_text(o));
 }
@@ -170,6 +174,14 @@ result<job_record> read_record(const fs::path& job_dir) {
   TAKE(tmp, f->i64("head_len"));
   r.head_len = static_cast<std::uint64_t>(tmp);
   TAKE(r.output_final, f->boolean("output_final"));
+  TAKE(r.shape.negated, f->boolean("negated"));
+  const json::array* stages;
+  TAKE(stages, f->array("stages"));
+  for (std::size_t i = 0; i < stages->size(); ++i) {
+    if (!(*stages)[i].is_string())
+      return bad({"stages[" + std::to_string(i) + "]", "expected a string"});
+    r.shape.stages.emplace_back((*stages)[i].get_string());
+  }
 #undef TAKE
   if (f->has("done")) {
     auto c = protocol::sandbox::completion_from_json(f->obj().at("done"), "done");

@@ -38,6 +38,7 @@ result<identity> load_identity(const fs::path& dir, const std::string& wanted_id
 struct job_record {
   std::string job;
   std::string command;  // scrubbed
+  protocol::pipeline_shape shape;  // of the raw command, each stage scrubbed
   std::string cwd;
   bool isolate = false;
   std::string state = "starting";  // starting, running, then a protocol::job_state

@@ -1,0 +1,144 @@
+#pragma once
+// The host side of a sandbox daemon (tether-sandboxd): connect, hello, exec,
+// attach, wait for a completion, kill, list, expire.
+//
+// A client lives on one executor (single-threaded): call its coroutines from
+// that executor only. Requests may overlap; replies are matched by request id.
+//
+// Connecting never starts a daemon. ensure_daemon() does, and only it; a
+// recovering host connects with conn_mode::read_only, which cannot start
+// anything (the daemon refuses exec, kill and expire on such a connection).
+//
+// Late completions: the client keeps (bounded) the output it has received for
+// each job. If the daemon cleaned a job up before its status was read, wait()
+// and poll() answer with that output and exit code -1 (status unknown); with
+// no output either, they answer with an error, never with a success.
+#include "tether/protocol/ids.hpp"
+#include "tether/protocol/notice.hpp"
+#include "tether/protocol/output_tail.hpp"
+#include "tether/protocol/sandbox_wire.hpp"
+#include "tether/runtime/error.hpp"
+
+#include <boost/asio/awaitable.hpp>
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tether::actors {
+
+namespace wire = protocol::sandbox;
+using boost::asio::awaitable;
+using protocol::job_id;
+
+// ---- starting a daemon ---------------------------------------------------------------
+
+struct daemon_options {
+  std::string state_dir;
+  std::string binary;      // empty: tether-sandboxd next to the running executable
+  std::string sandbox_id;  // empty: minted on first start
+  bool replace = false;    // bump the generation (fails if a daemon is running)
+  std::optional<std::chrono::milliseconds> grace, kill_wait, idle_exit;
+  std::optional<std::size_t> retain_bytes;
+  bool detach = true;  // setsid + double fork, so it outlives us; false: our child (tests)
+  std::string log_file;  // default: <state_dir>/daemon.log
+};
+
+struct daemon_handle {
+  std::string socket_path;
+  pid_t pid = 0;         // the daemon's pid (0 if unknown)
+  bool started = false;  // false: one was already serving the directory
+  bool child = false;    // true when started with detach=false: reap it with stop_daemon()
+};
+
+/// Makes sure a daemon serves `o.state_dir`: connects if one answers, else
+/// starts one and waits for its readiness line (no polling). Blocking; call
+/// it before the executors run or from a helper thread.
+result<daemon_handle> ensure_daemon(const daemon_options& o);
+
+/// SIGTERM to the daemon, then waits for it to exit (waitpid or pidfd).
+result<void> stop_daemon(const daemon_handle& h);
+
+std::string socket_path_for(const std::string& state_dir);
+/// $TETHER_SANDBOX_DIR, else ~/.tether/sandbox, else /tmp/tether-sandbox-<uid>.
+std::string default_state_dir();
+/// The directory of the running executable (/proc/self/exe).
+std::string self_dir();
+
+/// The caller's environment as exec wants it.
+std::vector<std::pair<std::string, std::string>> current_environment();
+
+// ---- the client -------------------------------------------------------------------------
+
+class sandbox_client {
+ public:
+  struct state;  // the connection, shared with its reader coroutine
+
+  /// Connects and says hello. Never starts a daemon.
+  static awaitable<result<std::unique_ptr<sandbox_client>>> connect(
+      std::string socket_path, wire::conn_mode mode, std::string client_name = "tether");
+
+  ~sandbox_client();
+  sandbox_client(const sandbox_client&) = delete;
+  sandbox_client& operator=(const sandbox_client&) = delete;
+
+  const wire::hello_rep& hello() const { return hello_; }
+
+  awaitable<result<wire::started_rep>> exec(wire::exec_req r);
+
+  struct attach_result {
+    std::string data;
+    std::uint64_t offset = 0;       // stream offset of data[0]
+    std::uint64_t next_offset = 0;  // where the next attach should start
+    std::uint64_t skipped = 0;      // bytes no longer retained by the daemon
+    std::uint64_t output_bytes = 0;
+    std::optional<protocol::shell_completion> done;
+  };
+  /// Output from `offset` and the status, without waiting for the job.
+  awaitable<result<attach_result>> attach(job_id job, std::uint64_t offset);
+
+  /// Streams the job's output (kept in retained()) until it completes.
+  awaitable<result<protocol::shell_completion>> wait(job_id job);
+
+  /// Follows the job's output until it contains `text` (true) or the job ends
+  /// without it (false).
+  awaitable<result<bool>> wait_for_output(job_id job, std::string text);
+
+  /// Status now: nullopt while running. Resumes output from where this client stopped.
+  awaitable<result<std::optional<protocol::shell_completion>>> poll(job_id job);
+
+  /// Resolves once the daemon confirmed that no process of the job is left.
+  awaitable<result<protocol::shell_completion>> kill(
+      job_id job, std::optional<std::chrono::milliseconds> wait = {});
+
+  awaitable<result<wire::jobs_rep>> list(std::optional<std::uint64_t> after_revision = {});
+  awaitable<result<std::vector<job_id>>> expire(std::optional<job_id> job = {});
+
+  /// Output of `job` this client has received (already scrubbed), or nullptr.
+  const protocol::head_tail* retained(const job_id& job) const;
+
+  void close();
+
+ private:
+  struct seen {
+    protocol::head_tail out;
+    std::uint64_t next_offset = 0;
+    std::string preview;  // scrubbed, when this client launched the job
+    std::int64_t tail_lines = 40, tail_bytes = 4096;
+  };
+  explicit sandbox_client(std::shared_ptr<state> s) : s_(std::move(s)) {}
+  awaitable<result<attach_result>> attach_impl(job_id job, std::uint64_t offset, bool follow);
+  result<protocol::shell_completion> cleaned_up(const job_id& job, const error& e);
+  void keep(const job_id& job, const wire::output_rep& o);
+
+  std::shared_ptr<state> s_;
+  wire::hello_rep hello_;
+  std::map<std::string, seen> seen_;
+};
+
+}  // namespace tether::actors

@@ -1,0 +1,112 @@
+// tether run [--tail N] [--isolate] [--allow-network] [--state-dir DIR] [--secret NAME]...
+//            -- COMMAND...
+//
+// Runs COMMAND as a background job through the local sandbox daemon (started
+// on demand), waits for its completion notice, prints the notice exactly as a
+// model would read it, and exits with the failing stage's status (or 0;
+// 128+N when killed by signal N; 255 when the status is unknown; 125 when
+// tether itself failed).
+#include "command.hpp"
+
+#include "tether/actors/sandbox_client.hpp"
+#include "tether/runtime/sync_wait.hpp"
+
+#include <boost/asio/io_context.hpp>
+
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+
+namespace tether::cli {
+
+namespace {
+
+constexpr int k_tether_failed = 125;
+
+int run_usage(const std::string& problem) {
+  std::fprintf(stderr,
+               "tether run: %s\nusage: tether run [--tail N] [--isolate] [--allow-network] "
+               "[--state-dir DIR] [--secret NAME]... -- COMMAND...\n",
+               problem.c_str());
+  return 2;
+}
+
+boost::asio::awaitable<result<protocol::shell_completion>> run_job(std::string socket,
+                                                                   actors::wire::exec_req req) {
+  auto c = co_await actors::sandbox_client::connect(socket, actors::wire::conn_mode::read_write,
+                                                    "tether run");
+  if (!c) co_return c.error();
+  auto started = co_await (*c)->exec(std::move(req));
+  if (!started) co_return started.error();
+  co_return co_await (*c)->wait(started->job);
+}
+
+int run(const args& a) {
+  actors::wire::exec_req req;
+  std::string state_dir = actors::default_state_dir();
+  std::size_t i = 0;
+  for (; i < a.size(); ++i) {
+    const std::string& s = a[i];
+    if (s == "--") {
+      ++i;
+      break;
+    }
+    if (s == "--isolate") {
+      req.isolate = true;
+    } else if (s == "--allow-network") {
+      req.allow_network = true;
+    } else if (s == "--tail" || s == "--state-dir" || s == "--secret") {
+      if (i + 1 >= a.size()) return run_usage(s + " needs a value");
+      const std::string& v = a[++i];
+      if (s == "--state-dir") {
+        state_dir = v;
+      } else if (s == "--secret") {
+        req.secret_names.push_back(v);
+      } else {
+        long long n = 0;
+        auto r = std::from_chars(v.data(), v.data() + v.size(), n);
+        if (r.ec != std::errc() || r.ptr != v.data() + v.size() || n < 0 || n > 10000)
+          return run_usage("--tail wants a line count from 0 to 10000, got '" + v + "'");
+        req.tail_lines = n;
+      }
+    } else if (!s.empty() && s[0] == '-') {
+      return run_usage("unknown option '" + s + "'");
+    } else {
+      break;  // the command starts here
+    }
+  }
+  for (; i < a.size(); ++i) req.command += (req.command.empty() ? "" : " ") + a[i];
+  if (req.command.empty()) return run_usage("no command given");
+  std::error_code ec;
+  req.cwd = std::filesystem::current_path(ec).string();
+  if (ec) return run_usage("cannot read the current directory: " + ec.message());
+  req.env = actors::current_environment();
+
+  actors::daemon_options o;
+  o.state_dir = state_dir;
+  o.binary = (std::filesystem::path(self_dir()) / "tether-sandboxd").string();
+  o.idle_exit = std::chrono::minutes(10);
+  auto d = actors::ensure_daemon(o);
+  if (!d) {
+    std::fprintf(stderr, "tether run: %s\n", d.error().message.c_str());
+    return k_tether_failed;
+  }
+  boost::asio::io_context io;
+  auto done = runtime::run_to_completion(io, run_job(d->socket_path, std::move(req)));
+  if (!done) {
+    std::fprintf(stderr, "tether run: %s\n", done.error().message.c_str());
+    return k_tether_failed;
+  }
+  std::fputs(protocol::render_notice(*done).c_str(), stdout);
+  std::fflush(stdout);
+  return protocol::exit_code_for(done->status);
+}
+
+registrar run_cmd{{"run",
+                   "[--tail N] [--isolate] -- COMMAND: run COMMAND as a background job in the "
+                   "local sandbox and print its completion notice",
+                   run}};
+
+}  // namespace
+
+}  // namespace tether::cli
