@@ -357,6 +357,14 @@ void match_assignments(std::string_view t, const scrubber& s, spans& out) {
       ve = vb;
       while (ve < t.size() && !is_eol(t[ve]) && t[ve] != encl) ++ve;
       while (ve > vb && (is_space(t[ve - 1]) || (encl && t[ve - 1] == '\\'))) --ve;
+      // "Bearer $TOKEN": the scheme is followed by a reference, not a credential.
+      auto value = t.substr(vb, ve - vb);
+      auto sp = value.find(' ');
+      if (sp != std::string_view::npos && auth_scheme(value.substr(0, sp))) {
+        auto cred = value.substr(sp);
+        while (!cred.empty() && is_space(cred.front())) cred.remove_prefix(1);
+        if (placeholder_value(cred)) continue;
+      }
     } else {
       auto stop = [](char c) {
         return is_space(c) || is_eol(c) ||
@@ -502,6 +510,15 @@ std::string stream_scrubber::emit(std::size_t cut, bool keep_context) {
   bool open_after = false;
   auto sp = s_->find(buf, pem_open_, from, end, &open_after);
   std::string out = apply_spans(buf, sp, from, end);
+  // One secret across an emission cut is one visible redaction, not two.
+  bool starts_redacted = false, ends_redacted = false;
+  for (const auto& x : sp) {
+    starts_redacted |= x.begin <= from && x.end > from;
+    ends_redacted |= end > from && x.begin < end && x.end >= end;
+  }
+  if (starts_redacted && last_redacted_ && out.compare(0, k_redacted.size(), k_redacted) == 0)
+    out.erase(0, k_redacted.size());
+  if (end > from) last_redacted_ = ends_redacted;
   pem_open_ = open_after;
   if (keep_context) {
     std::size_t keep = std::min(k_overlap, end);

@@ -96,6 +96,7 @@ class stream_scrubber {
   std::string context_;  // already emitted raw bytes kept for look-behind
   std::string pending_;  // raw bytes not yet emitted
   bool pem_open_ = false;
+  bool last_redacted_ = false;  // the emitted bytes so far end inside a redaction
 };
 
 /// Applies spans (sorted, merged) to text[from, to), clipping spans to it.
