@@ -143,13 +143,12 @@ class pipeline_splitter {
         i = e;
         continue;
       }
-      if (c == '\n') {
-        if (!pending_heredocs_.empty()) {
-          i = skip_heredoc_bodies(i + 1);
-          if (depth_ == 0) end_pipeline(i), stage_start = i;
-          command_start = true;
-          continue;
-        }
+      if (c == '\n' && !pending_heredocs_.empty()) {
+        if (depth_ == 0) end_pipeline(i);
+        i = skip_heredoc_bodies(i + 1);
+        if (depth_ == 0) stage_start = i;
+        command_start = true;
+        continue;
       }
       if (depth_ == 0) {
         bool prev_redirect = i > 0 && (s_[i - 1] == '>' || s_[i - 1] == '<');
