@@ -269,7 +269,7 @@ decoded<request> decode_request(std::string_view line) {
 std::string encode(const request& r) {
   json::object o = envelope(type_of(r.body), r.id);
   std::visit(request_encoder{o}, r.body);
-  return serialize(o);
+  return json::serialize(o);
 }
 
 // ---- completions ----------------------------------------------------------------------
@@ -515,7 +515,7 @@ decoded<reply> decode_reply(std::string_view line) {
 std::string encode(const reply& r) {
   json::object o = envelope(type_of(r.body), r.id);
   std::visit(reply_encoder{o}, r.body);
-  return serialize(o);
+  return json::serialize(o);
 }
 
 // ---- base64 ----------------------------------------------------------------------------

@@ -81,17 +81,16 @@ class connection : public std::enable_shared_from_this<connection> {
         }
         if (!line.empty() && line.back() == '\r') line.pop_back();
         if (line.find_first_not_of(" \t") == std::string::npos) continue;
+        if (line.size() > wire::k_max_line) {
+          co_await send(0, too_long());
+          continue;
+        }
         co_await handle_line(std::move(line));
         if (broken_) co_return;
       }
       buf.erase(0, start);
       if (buf.size() > wire::k_max_line) {
-        if (!discarding) {
-          wire::error_rep e{"invalid", "request line is longer than " +
-                                           std::to_string(wire::k_max_line) +
-                                           " bytes; it was discarded"};
-          co_await send(0, std::move(e));
-        }
+        if (!discarding) co_await send(0, too_long());
         discarding = true;
         buf.clear();
       }
@@ -113,6 +112,11 @@ class connection : public std::enable_shared_from_this<connection> {
       if (wec) break;
     }
     close();
+  }
+
+  static wire::error_rep too_long() {
+    return {"invalid", "request line is longer than " + std::to_string(wire::k_max_line) +
+                           " bytes; it was discarded"};
   }
 
   static std::uint64_t peek_id(std::string_view line) {

@@ -1,0 +1,79 @@
+#include "sandbox_support.hpp"
+
+#include <csignal>
+#include <dirent.h>
+#include <fcntl.h>
+#include <fstream>
+#include <sstream>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace tether::test {
+
+void sandbox_daemon::crash() {
+  REQUIRE(h_.child);
+  ::kill(h_.pid, SIGKILL);
+  int st = 0;
+  REQUIRE(::waitpid(h_.pid, &st, 0) == h_.pid);
+  REQUIRE(WIFSIGNALED(st));
+  h_.pid = 0;
+}
+
+awaitable<client_ptr> connect(std::string socket, wire::conn_mode mode) {
+  auto c = co_await sandbox_client::connect(socket, mode, "tether_tests");
+  INFO("connect: " << (c ? std::string("ok") : c.error().message));
+  REQUIRE(c.has_value());
+  co_return std::move(*c);
+}
+
+wire::exec_req command(std::string cmd, std::string cwd,
+                       std::vector<std::pair<std::string, std::string>> extra_env) {
+  wire::exec_req r;
+  r.command = std::move(cmd);
+  r.cwd = std::move(cwd);
+  r.env = {{"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"LANG", "C.UTF-8"}};
+  for (auto& kv : extra_env) r.env.push_back(std::move(kv));
+  return r;
+}
+
+awaitable<protocol::shell_completion> run_to_end(sandbox_client& c, wire::exec_req r) {
+  std::string what = r.command;
+  auto s = co_await c.exec(std::move(r));
+  INFO("exec '" << what << "': " << (s ? std::string("ok") : s.error().message));
+  REQUIRE(s.has_value());
+  auto done = co_await c.wait(s->job);
+  INFO("wait '" << what << "': " << (done ? std::string("ok") : done.error().message));
+  REQUIRE(done.has_value());
+  co_return std::move(*done);
+}
+
+std::vector<int> live_group_members(int pgid) {
+  std::vector<int> out;
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (auto* e = ::readdir(d)) {
+    char* end;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (*end != '\0' || pid <= 0) continue;
+    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(f, line)) continue;
+    auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream in(line.substr(close + 2));
+    std::string state, ppid, pgrp;
+    in >> state >> ppid >> pgrp;
+    if (std::atoi(pgrp.c_str()) == pgid && state != "Z" && state != "X")
+      out.push_back(static_cast<int>(pid));
+  }
+  ::closedir(d);
+  return out;
+}
+
+void release_fifo(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+}
+
+}  // namespace tether::test

@@ -1,0 +1,77 @@
+#pragma once
+// A real tether-sandboxd per test, started as our child in a scratch state
+// directory, and helpers to drive it from coroutines.
+#include "support.hpp"
+
+#include "tether/actors/sandbox_client.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace tether::test {
+
+namespace wire = protocol::sandbox;
+using actors::sandbox_client;
+using boost::asio::awaitable;
+using client_ptr = std::unique_ptr<sandbox_client>;
+
+inline std::string sandboxd_binary() { return std::string(TETHER_BIN_DIR) + "/tether-sandboxd"; }
+
+class sandbox_daemon {
+ public:
+  explicit sandbox_daemon(const std::string& tag, actors::daemon_options o = {}) : dir_(tag) {
+    opts_ = std::move(o);
+    opts_.state_dir = dir_.file("state");
+    opts_.binary = sandboxd_binary();
+    opts_.detach = false;
+    start();
+  }
+  ~sandbox_daemon() {
+    if (h_.pid > 0) (void)actors::stop_daemon(h_);
+  }
+
+  void start() {
+    auto r = actors::ensure_daemon(opts_);
+    INFO("ensure_daemon: " << (r ? std::string("ok") : r.error().message));
+    REQUIRE(r.has_value());
+    REQUIRE(r->started);
+    h_ = *r;
+  }
+  void stop() {
+    REQUIRE(actors::stop_daemon(h_).has_value());
+    h_.pid = 0;
+  }
+  /// Kills the daemon outright (no cleanup at all) and reaps it.
+  void crash();
+
+  actors::daemon_options& options() { return opts_; }
+  const actors::daemon_handle& handle() const { return h_; }
+  const std::string& socket() const { return h_.socket_path; }
+  const scratch_dir& dir() const { return dir_; }
+
+ private:
+  scratch_dir dir_;
+  actors::daemon_options opts_;
+  actors::daemon_handle h_;
+};
+
+awaitable<client_ptr> connect(std::string socket,
+                              wire::conn_mode mode = wire::conn_mode::read_write);
+
+/// A request to run `command` in `cwd` with a small environment.
+wire::exec_req command(std::string command, std::string cwd,
+                       std::vector<std::pair<std::string, std::string>> extra_env = {});
+
+/// exec, then wait for the completion; REQUIREs both succeed.
+awaitable<protocol::shell_completion> run_to_end(sandbox_client& c, wire::exec_req r);
+
+/// Non-zombie processes in process group `pgid`.
+std::vector<int> live_group_members(int pgid);
+
+/// Opens the FIFO for writing and closes it: a `cat FIFO` in a job returns.
+void release_fifo(const std::string& path);
+
+}  // namespace tether::test
