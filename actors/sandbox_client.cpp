@@ -160,6 +160,7 @@ result<daemon_handle> ensure_daemon(const daemon_options& o) {
     ::dup2(logfd, 1);
     ::dup2(logfd, 2);
     ::dup2(p[1], 3);  // dup2 clears close-on-exec on the copy
+    ::close_range(4, ~0U, 0);  // nothing else of ours (sockets, pipes) goes along
     ::execv(argv[0], argv.data());
     static const char msg[] = "error exec of tether-sandboxd failed\n";
     [[maybe_unused]] auto n = ::write(3, msg, sizeof msg - 1);

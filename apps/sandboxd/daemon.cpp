@@ -427,7 +427,7 @@ awaitable<void> daemon::watch(std::shared_ptr<job> j) {
   asio::posix::stream_descriptor pid_d(io_, std::exchange(j->pidfd, -1));
   std::optional<asio::posix::stream_descriptor> out_d;
   bool open = j->output_fd >= 0;
-  if (open) out_d.emplace(io_, ::dup(j->output_fd));  // j keeps the fd it reads with
+  if (open) out_d.emplace(io_, ::fcntl(j->output_fd, F_DUPFD_CLOEXEC, 0));  // j keeps its own fd
   for (;;) {
     if (open) {
       auto a = out_d->async_wait(wait_type::wait_read, use_awaitable);

@@ -92,11 +92,17 @@ spawn_result spawn_job(const launcher_config& cfg, const spawn_request& r) {
   for (auto& s : envs) ev.push_back(s.data());
   ev.push_back(nullptr);
 
+  // The job gets stdin, stdout+stderr and the status fd, and nothing else of
+  // ours: not the listening socket, clients' sockets or other jobs' pipes
+  // (Asio does not open them close-on-exec). The status fd waits at 0 while
+  // everything from 3 up is closed.
   file_actions fa;
-  posix_spawn_file_actions_addopen(&fa.fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa.fa, status_fd, 0);
   posix_spawn_file_actions_adddup2(&fa.fa, fds[1], 1);
   posix_spawn_file_actions_adddup2(&fa.fa, fds[1], 2);
-  posix_spawn_file_actions_adddup2(&fa.fa, status_fd, k_status_fd);
+  posix_spawn_file_actions_addclosefrom_np(&fa.fa, 3);
+  posix_spawn_file_actions_adddup2(&fa.fa, 0, k_status_fd);
+  posix_spawn_file_actions_addopen(&fa.fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addchdir_np(&fa.fa, r.cwd.c_str());
   spawn_attr at;
   sigset_t none, defaults;
