@@ -203,9 +203,14 @@ result<void> stop_daemon(const daemon_handle& h) {
   if (h.pid <= 0) return error{errc::invalid, "stop_daemon: no daemon pid"};
   if (h.child) {
     ::kill(h.pid, SIGTERM);
-    int st;
+    int st = 0;
     while (::waitpid(h.pid, &st, 0) < 0 && errno == EINTR) {
     }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+      return error{errc::failed, "tether-sandboxd (pid " + std::to_string(h.pid) + ") " +
+                                     (WIFEXITED(st) ? "exited with status " + std::to_string(WEXITSTATUS(st))
+                                                    : "was killed by signal " + std::to_string(WTERMSIG(st))) +
+                                     " when asked to stop"};
     return {};
   }
   int fd = static_cast<int>(::syscall(SYS_pidfd_open, h.pid, 0));

@@ -61,7 +61,8 @@ struct daemon_handle {
 /// it before the executors run or from a helper thread.
 result<daemon_handle> ensure_daemon(const daemon_options& o);
 
-/// SIGTERM to the daemon, then waits for it to exit (waitpid or pidfd).
+/// SIGTERM to the daemon, then waits for it to exit (waitpid or pidfd). For
+/// our own child, an exit other than status 0 is an error.
 result<void> stop_daemon(const daemon_handle& h);
 
 std::string socket_path_for(const std::string& state_dir);

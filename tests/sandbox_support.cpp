@@ -19,6 +19,12 @@ void sandbox_daemon::crash() {
   h_.pid = 0;
 }
 
+std::string sandbox_daemon::log() const {
+  std::ifstream f(opts_.state_dir + "/daemon.log");
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return all.size() > 4000 ? all.substr(all.size() - 4000) : all;
+}
+
 awaitable<client_ptr> connect(std::string socket, wire::conn_mode mode) {
   auto c = co_await sandbox_client::connect(socket, mode, "tether_tests");
   INFO("connect: " << (c ? std::string("ok") : c.error().message));

@@ -30,7 +30,12 @@ class sandbox_daemon {
     start();
   }
   ~sandbox_daemon() {
-    if (h_.pid > 0) (void)actors::stop_daemon(h_);
+    if (h_.pid <= 0) return;
+    auto r = actors::stop_daemon(h_);
+    if (std::uncaught_exceptions() == 0) {
+      INFO((r ? std::string() : r.error().message) << "; daemon.log:\n" << log());
+      CHECK(r.has_value());  // a clean exit: no sanitizer report, no crash
+    }
   }
 
   void start() {
@@ -41,11 +46,16 @@ class sandbox_daemon {
     h_ = *r;
   }
   void stop() {
-    REQUIRE(actors::stop_daemon(h_).has_value());
+    auto r = actors::stop_daemon(h_);
+    INFO((r ? std::string() : r.error().message));
+    REQUIRE(r.has_value());
     h_.pid = 0;
   }
   /// Kills the daemon outright (no cleanup at all) and reaps it.
   void crash();
+
+  /// The daemon's log (its stderr), for failure messages.
+  std::string log() const;
 
   actors::daemon_options& options() { return opts_; }
   const actors::daemon_handle& handle() const { return h_; }
