@@ -393,7 +393,8 @@ awaitable<result<boot_report>> host::boot() {
       if (inbox)
         for (auto& i : *inbox) pending |= !i.acked;
       bool suspended = s.time_suspended.has_value();
-      if (suspended && !top && !children_with_jobs.count(s.id)) {
+      bool owes_job = children_with_jobs.count(s.id) > 0;
+      if (suspended && !top && !owes_job) {
         // A child mid-turn with no job row (seed §6, deferred): its claim is
         // released, as a foreground child whose parent retries.
         persistence::settle_request req;
@@ -403,7 +404,9 @@ awaitable<result<boot_report>> host::boot() {
         if (!rel) warn("boot: releasing the claim of " + s.id.str() + ": " + rel.error().message);
         suspended = false;
       }
-      if (!suspended && !(pending && !s.revert_staged)) continue;
+      // A running job row whose busy period never began (the crash came
+      // between registering it and the child's start) is resumed as well.
+      if (!suspended && !owes_job && !(pending && !s.revert_staged)) continue;
       auto sess = get(s.id);
       if (!sess) continue;
       wake(**sess, wake_scope::input, false);

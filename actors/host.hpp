@@ -82,6 +82,10 @@ class host {
   void shutdown();
 
   persistence::report_store& store() { return *store_; }
+  std::size_t running_shells() {
+    std::lock_guard lk(shells_m_);
+    return shell_table_.size();
+  }
   runtime::executor_pool& pool() { return *pool_; }
   const host_options& options() const { return opts_; }
 

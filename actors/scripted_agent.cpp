@@ -21,6 +21,7 @@ class scripted_agent : public agent {
       auto turn = owner_.turn(id_, static_cast<int>(*ordinal));
       if (!turn) continue;
       for (auto& a : turn->actions) co_await act(ctx, a);
+      owner_.note_played(id_, static_cast<int>(*ordinal));
     }
   }
 
@@ -71,12 +72,23 @@ class scripted_agent : public agent {
         for (int i = 0; i < a.count; ++i) ctx.wake_self();
         break;
       case k::wait_cancel: {
-        // Suspends until an interrupt cancels the drain.
+        // Suspends until an interrupt cancels the drain; parked meanwhile.
+        struct parked {
+          scripted_agents& owner;
+          const session_id& id;
+          ~parked() { owner.note_parked(id, -1); }
+        };
+        owner_.note_parked(id_, +1);
+        parked guard{owner_, id_};
         asio::steady_timer t(co_await asio::this_coro::executor);
         t.expires_at(asio::steady_timer::time_point::max());
         co_await t.async_wait(asio::use_awaitable);
         break;
       }
+      case k::interrupt:
+        owner_.note(id_.str() + " interrupts " + a.child);
+        owner_.interrupt(session_id(a.child));
+        break;
     }
   }
 
@@ -110,6 +122,51 @@ std::vector<std::string> scripted_agents::log() const {
 void scripted_agents::note(std::string line) {
   std::lock_guard lk(m_);
   log_.push_back(std::move(line));
+}
+
+void scripted_agents::set_interrupter(std::function<void(const session_id&)> f) {
+  std::lock_guard lk(m_);
+  interrupter_ = std::move(f);
+}
+
+void scripted_agents::interrupt(const session_id& s) {
+  std::function<void(const session_id&)> f;
+  {
+    std::lock_guard lk(m_);
+    f = interrupter_;
+  }
+  if (!f) throw std::runtime_error("interrupt " + s.str() + ": no interrupter is set");
+  f(s);
+}
+
+void scripted_agents::note_parked(const session_id& s, int delta) {
+  {
+    std::lock_guard lk(m_);
+    parked_[s.str()] += delta;
+  }
+  changed_.notify_all();
+}
+
+bool scripted_agents::wait_parked(const session_id& s, std::chrono::milliseconds timeout) const {
+  std::unique_lock lk(m_);
+  return changed_.wait_for(lk, timeout, [&] {
+    auto it = parked_.find(s.str());
+    return it != parked_.end() && it->second > 0;
+  });
+}
+
+void scripted_agents::note_played(const session_id& s, int ordinal) {
+  {
+    std::lock_guard lk(m_);
+    ++played_[{s.str(), ordinal}];
+  }
+  changed_.notify_all();
+}
+
+bool scripted_agents::wait_played(const session_id& s, int ordinal,
+                                  std::chrono::milliseconds timeout) const {
+  std::unique_lock lk(m_);
+  return changed_.wait_for(lk, timeout, [&] { return played_.count({s.str(), ordinal}) > 0; });
 }
 
 std::vector<std::string> scripted_agents::inline_results() const {

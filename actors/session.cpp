@@ -153,11 +153,15 @@ awaitable<void> session::handle(session_message& m) {
   } else if (auto* b = std::get_if<bind_job>(&m)) {
     // A follow-up may have changed the link's notify setting.
     if (auto r = host_.store().session(id()); r && *r) row_.notify = (*r)->notify;
-    // A settling busy period is dying: the job belongs to the next one.
-    if (phase_ == phase::settling || (job_ && !job_->reported && phase_ == phase::busy))
-      next_job_ = std::move(b->job);
-    else
+    // A job joins the running busy period only if that one reports no job
+    // yet; a settling busy period is dying, and a second job never replaces
+    // the first: both wait their turn in order.
+    bool joins = (phase_ == phase::idle || phase_ == phase::busy) && (!job_ || job_->reported) &&
+                 queued_jobs_.empty();
+    if (joins)
       job_ = std::move(b->job);
+    else
+      queued_jobs_.push_back(std::move(b->job));
   } else if (auto* tb = std::get_if<to_background>(&m)) {
     if (!job_ || job_->reported || job_->background) {
       tb->reply.fail(error{errc::invalid, "session '" + id().str() +
@@ -258,9 +262,9 @@ awaitable<void> session::run_drain(std::shared_ptr<context> ctx, drain_input in)
 awaitable<void> session::run_busy(std::shared_ptr<session> self) {
   auto& store = host_.store();
   // started: open the busy period on disk and remember startedSeq.
-  if (next_job_ && (!job_ || job_->reported)) {
-    job_ = std::move(next_job_);
-    next_job_.reset();
+  if (!queued_jobs_.empty() && (!job_ || job_->reported)) {
+    job_ = std::move(queued_jobs_.front());
+    queued_jobs_.pop_front();
   }
   auto begun = co_await store.begin_busy(id());
   auto row = store.session(id());
@@ -341,6 +345,9 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
   phase_ = phase::idle;
   interrupted_ = false;
   host_.note_phase(id(), false, false, false);
+  // A job bound while this busy period was already reporting another one
+  // gets a busy period of its own, so its running row always settles.
+  if (!queued_jobs_.empty() && !pending_) pending_ = wake_scope::input;
   release_waiters();
   busy_done_->set(0);
   if (pending_ && !stopping_) start_busy_period();

@@ -18,6 +18,7 @@
 
 #include <boost/asio/cancellation_signal.hpp>
 
+#include <deque>
 #include <optional>
 #include <variant>
 
@@ -121,7 +122,8 @@ class session : public runtime::actor<session, session_message> {
   std::int64_t started_seq_ = 0;
   std::int64_t settle_cursor_ = 0;
   asio::cancellation_signal drain_cancel_;
-  std::optional<job_binding> job_, next_job_;
+  std::optional<job_binding> job_;
+  std::deque<job_binding> queued_jobs_;  // jobs waiting for a busy period of their own
   std::vector<reply_to<void>> idle_waiters_;
   std::shared_ptr<runtime::one_shot<int>> busy_done_;
 };

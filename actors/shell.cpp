@@ -5,6 +5,7 @@
 #include <boost/asio/post.hpp>
 
 #include <cerrno>
+#include <fcntl.h>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -99,8 +100,17 @@ result<void> shell_runner::start(shell_info& s) {
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID);
+  // The shell outlives the host: it must hold none of the host's descriptors
+  // (a pipe kept open by an orphan blocks whoever reads the host's output).
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
   pid_t pid = -1;
-  int rc = ::posix_spawn(&pid, "/bin/bash", nullptr, &attr, argv, envp.data());
+  int rc = ::posix_spawn(&pid, "/bin/bash", &fa, &attr, argv, envp.data());
+  posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   if (rc != 0)
     return error{errc::io, "cannot start shell '" + s.command + "': " + std::strerror(rc)};

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <set>
+#include <fcntl.h>
 #include <unistd.h>
 
 namespace tether::runtime {
@@ -62,7 +63,23 @@ crash_point::crash_point(const char* name) : name_(name) {
   r.names.insert(name);
 }
 
+namespace {
+// TETHER_CRASH_TRACE=FILE appends every hit's name to FILE, so a test can
+// learn how often a scenario reaches each point before it crashes at them.
+int trace_fd() {
+  static int fd = [] {
+    const char* p = std::getenv("TETHER_CRASH_TRACE");
+    return (p && *p) ? ::open(p, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
+  }();
+  return fd;
+}
+}  // namespace
+
 void crash_point::hit() {
+  if (int fd = trace_fd(); fd >= 0) {
+    std::string line = std::string(name_) + "\n";
+    [[maybe_unused]] auto n = ::write(fd, line.data(), line.size());
+  }
   auto& a = arm();
   if (!a.armed.load(std::memory_order_acquire)) return;
   unsigned nth;

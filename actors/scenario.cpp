@@ -1,0 +1,1172 @@
+#include "tether/actors/scenario.hpp"
+
+#include "tether/actors/host.hpp"
+#include "tether/actors/scripted_agent.hpp"
+#include "tether/runtime/crash_point.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace tether::actors::scenario {
+
+namespace fs = std::filesystem;
+using namespace std::string_literals;
+
+// ---------------------------------------------------------------------------
+// Parsing
+
+namespace {
+
+struct word {
+  std::string text;
+  bool quoted = false;
+};
+
+std::string show(const word& w) { return w.quoted ? "\"" + w.text + "\"" : "'" + w.text + "'"; }
+
+bool is_name(const std::string& s) {
+  if (s.empty() || s[0] == '.' || s[0] == '-') return false;
+  return std::all_of(s.begin(), s.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '_' || c == '-' || c == '.';
+  });
+}
+
+// Reads the words of one line: unquoted words end at blanks or ';' (which is
+// a word of its own); "quoted strings" take \" \\ \n \t; '#' starts a comment.
+result<std::vector<word>> split(const std::string& line, const std::string& where) {
+  std::vector<word> out;
+  std::size_t i = 0;
+  while (i < line.size()) {
+    char c = line[i];
+    if (c == ' ' || c == '\t' || c == '\r') {
+      ++i;
+    } else if (c == '#') {
+      break;
+    } else if (c == ';') {
+      out.push_back({";", false});
+      ++i;
+    } else if (c == '"') {
+      word w{"", true};
+      ++i;
+      bool closed = false;
+      while (i < line.size()) {
+        char d = line[i++];
+        if (d == '"') {
+          closed = true;
+          break;
+        }
+        if (d != '\\') {
+          w.text += d;
+          continue;
+        }
+        if (i >= line.size()) break;
+        char e = line[i++];
+        switch (e) {
+          case 'n': w.text += '\n'; break;
+          case 't': w.text += '\t'; break;
+          case '"': w.text += '"'; break;
+          case '\\': w.text += '\\'; break;
+          default:
+            return error{errc::invalid, where + "unknown escape '\\" + std::string(1, e) +
+                                            "' in a quoted string (use \\n \\t \\\" \\\\)"};
+        }
+      }
+      if (!closed)
+        return error{errc::invalid, where + "the quoted string \"" + w.text + "\" is not closed"};
+      out.push_back(std::move(w));
+    } else {
+      word w;
+      while (i < line.size() && line[i] != ' ' && line[i] != '\t' && line[i] != '\r' &&
+             line[i] != ';') {
+        if (line[i] == '"')
+          return error{errc::invalid,
+                       where + "stray '\"' inside the word '" + w.text + "\"': quote a whole word"};
+        w.text += line[i++];
+      }
+      out.push_back(std::move(w));
+    }
+  }
+  return out;
+}
+
+// Reads the words of one line in order, with errors that name the line, the
+// step and the word.
+class line_reader {
+ public:
+  line_reader(std::vector<word> w, std::string where, std::string step)
+      : w_(std::move(w)), where_(std::move(where)), step_(std::move(step)) {}
+
+  bool done() const { return i_ >= w_.size(); }
+  bool at(const char* keyword) const {
+    return !done() && !w_[i_].quoted && w_[i_].text == keyword;
+  }
+  const word& peek() const { return w_[i_]; }
+  void skip() { ++i_; }
+  void set_step(std::string s) { step_ = std::move(s); }
+
+  error fail(const std::string& message) const {
+    return error{errc::invalid, where_ + step_ + ": " + message};
+  }
+  error missing(const std::string& what) const {
+    return fail("missing " + what + " at the end of the line");
+  }
+
+  result<std::string> name(const std::string& what) {
+    if (done()) return missing(what);
+    const auto& w = w_[i_];
+    if (w.quoted || !is_name(w.text) || w.text == ";")
+      return fail("expected " + what + " (letters, digits, _ . -), found " + show(w));
+    ++i_;
+    return w.text;
+  }
+  result<std::string> text(const std::string& what) {
+    if (done()) return missing(what + " (a \"quoted string\")");
+    const auto& w = w_[i_];
+    if (!w.quoted) return fail("expected " + what + " (a \"quoted string\"), found " + show(w));
+    ++i_;
+    return w.text;
+  }
+  result<long> number(const std::string& what, long min, long max) {
+    if (done()) return missing(what);
+    const auto& w = w_[i_];
+    char* end = nullptr;
+    errno = 0;
+    long v = w.quoted || w.text.empty() ? 0 : std::strtol(w.text.c_str(), &end, 10);
+    if (w.quoted || w.text.empty() || *end != '\0' || errno != 0 || v < min || v > max)
+      return fail(what + " " + show(w) + " is not a whole number from " + std::to_string(min) +
+                  " to " + std::to_string(max));
+    ++i_;
+    return v;
+  }
+  result<std::string> keyword(const std::string& what, std::initializer_list<const char*> options) {
+    std::string list;
+    for (auto o : options) list += (list.empty() ? "" : ", ") + std::string(o);
+    if (done()) return missing(what + " (" + list + ")");
+    const auto& w = w_[i_];
+    for (auto o : options)
+      if (!w.quoted && w.text == o) {
+        ++i_;
+        return w.text;
+      }
+    return fail(show(w) + " is not " + what + " (expected " + list + ")");
+  }
+  // "2", "last"
+  result<int> position(const std::string& what) {
+    if (at("last")) {
+      ++i_;
+      return -1;
+    }
+    auto n = number(what + " (a position from 1, or last)", 1, 1000000);
+    if (!n) return n.error();
+    return static_cast<int>(*n);
+  }
+  result<void> end() {
+    if (done()) return {};
+    return fail("unexpected " + show(w_[i_]) + " after the end of the step");
+  }
+
+ private:
+  std::vector<word> w_;
+  std::size_t i_ = 0;
+  std::string where_;
+  std::string step_;
+};
+
+result<expectation::text_op> text_op(line_reader& r) {
+  auto op = r.keyword("a text check", {"contains", "lacks", "equals"});
+  if (!op) return op.error();
+  return *op == "contains" ? expectation::text_op::contains
+         : *op == "lacks"  ? expectation::text_op::lacks
+                           : expectation::text_op::equals;
+}
+
+const std::vector<const char*>& boot_fields() {
+  static const std::vector<const char*> f = {"delivered",        "cleared",  "kept",
+                                             "exhausted",        "resumed_top",
+                                             "resumed_children", "shells_reattached",
+                                             "shells_finished"};
+  return f;
+}
+
+result<action> parse_action(line_reader& r) {
+  auto verb = r.keyword("an action", {"say", "fail", "raise", "shell", "spawn", "wake-self",
+                                      "wait-until-interrupted", "interrupt"});
+  if (!verb) return verb.error();
+  action a;
+  using k = action::kind;
+  if (*verb == "say" || *verb == "fail" || *verb == "raise") {
+    a.what = *verb == "say" ? k::say : *verb == "fail" ? k::fail : k::raise;
+    auto t = r.text("the " + *verb + " text");
+    if (!t) return t.error();
+    a.text = *t;
+  } else if (*verb == "shell") {
+    a.what = k::shell;
+    auto g = r.name("a gate name");
+    if (!g) return g.error();
+    a.text = *g;
+  } else if (*verb == "spawn") {
+    a.what = k::spawn;
+    auto c = r.name("the child session name");
+    if (!c) return c.error();
+    a.target = *c;
+    auto d = r.text("the child's description");
+    if (!d) return d.error();
+    a.description = *d;
+    auto p = r.text("the child's prompt");
+    if (!p) return p.error();
+    a.text = *p;
+    while (!r.done() && !r.at(";")) {
+      auto opt = r.keyword("a spawn option", {"background", "foreground", "notify", "agent"});
+      if (!opt) return opt.error();
+      if (*opt == "background" || *opt == "foreground") {
+        a.background = *opt == "background";
+      } else if (*opt == "notify") {
+        auto v = r.keyword("a notify setting", {"on", "off", "default"});
+        if (!v) return v.error();
+        if (*v != "default") a.notify = *v == "on";
+      } else {
+        auto ag = r.name("an agent name");
+        if (!ag) return ag.error();
+        a.agent = *ag;
+      }
+    }
+  } else if (*verb == "wake-self") {
+    a.what = k::wake_self;
+    if (!r.done() && !r.at(";")) {
+      auto n = r.number("the wake count", 1, 1000);
+      if (!n) return n.error();
+      a.count = static_cast<int>(*n);
+    }
+  } else if (*verb == "wait-until-interrupted") {
+    a.what = k::wait_cancel;
+  } else {
+    a.what = k::interrupt;
+    auto t = r.name("the session to interrupt");
+    if (!t) return t.error();
+    a.target = *t;
+  }
+  return a;
+}
+
+result<expectation> parse_expect(line_reader& r) {
+  expectation e;
+  using k = expectation::kind;
+  auto subject = r.keyword("an expectation subject",
+                           {"inbox", "transcript", "jobs", "inline", "session", "boot"});
+  if (!subject) return subject.error();
+  r.set_step("expect " + *subject);
+  if (*subject == "inbox") {
+    auto s = r.name("the session name");
+    if (!s) return s.error();
+    e.session = *s;
+    if (r.at("count")) {
+      r.skip();
+      e.what = k::inbox_count;
+      auto n = r.number("the row count", 0, 1000000);
+      if (!n) return n.error();
+      e.number = *n;
+      return e;
+    }
+    auto pos = r.position("the inbox row");
+    if (!pos) return pos.error();
+    e.position = *pos;
+    auto check = r.keyword("an inbox check",
+                           {"contains", "lacks", "equals", "acked", "pending", "from"});
+    if (!check) return check.error();
+    if (*check == "acked" || *check == "pending") {
+      e.what = k::inbox_state;
+      e.text = *check;
+    } else if (*check == "from") {
+      e.what = k::inbox_from;
+      auto f = r.name("the sending session");
+      if (!f) return f.error();
+      e.text = *f;
+    } else {
+      e.what = k::inbox_text;
+      e.op = *check == "contains" ? expectation::text_op::contains
+             : *check == "lacks"  ? expectation::text_op::lacks
+                                  : expectation::text_op::equals;
+      auto t = r.text("the text to compare");
+      if (!t) return t.error();
+      e.text = *t;
+    }
+    return e;
+  }
+  if (*subject == "transcript") {
+    auto s = r.name("the session name");
+    if (!s) return s.error();
+    e.session = *s;
+    auto what = r.keyword("a transcript check", {"reports", "answers", "answer"});
+    if (!what) return what.error();
+    if (*what == "answer") {
+      e.what = k::transcript_answer;
+      auto op = text_op(r);
+      if (!op) return op.error();
+      e.op = *op;
+      auto t = r.text("the text to compare");
+      if (!t) return t.error();
+      e.text = *t;
+      return e;
+    }
+    e.what = *what == "reports" ? k::transcript_reports : k::transcript_answers;
+    auto n = r.number("the " + *what + " count", 0, 1000000);
+    if (!n) return n.error();
+    e.number = *n;
+    return e;
+  }
+  if (*subject == "jobs") {
+    e.what = k::jobs_count;
+    for (;;) {
+      auto f = r.keyword("a jobs filter or count",
+                         {"status", "kind", "mode", "parent", "child", "count"});
+      if (!f) return f.error();
+      if (*f == "count") break;
+      result<std::string> v =
+          *f == "status" ? r.keyword("a job status", {"running", "completed", "error", "cancelled"})
+          : *f == "kind" ? r.keyword("a job kind", {"subagent", "shell"})
+          : *f == "mode" ? r.keyword("a job mode", {"background", "none"})
+                         : r.name("the " + *f + " session");
+      if (!v) return v.error();
+      (*f == "status" ? e.status
+       : *f == "kind" ? e.job_kind
+       : *f == "mode" ? e.mode
+       : *f == "parent" ? e.parent
+                        : e.child) = *v;
+    }
+    auto n = r.number("the job count", 0, 1000000);
+    if (!n) return n.error();
+    e.number = *n;
+    return e;
+  }
+  if (*subject == "inline") {
+    if (r.at("count")) {
+      r.skip();
+      e.what = k::inline_count;
+      auto n = r.number("the inline result count", 0, 1000000);
+      if (!n) return n.error();
+      e.number = *n;
+      return e;
+    }
+    e.what = k::inline_text;
+    auto pos = r.position("the inline result");
+    if (!pos) return pos.error();
+    e.position = *pos;
+    auto op = text_op(r);
+    if (!op) return op.error();
+    e.op = *op;
+    auto t = r.text("the text to compare");
+    if (!t) return t.error();
+    e.text = *t;
+    return e;
+  }
+  if (*subject == "session") {
+    auto s = r.name("the session name");
+    if (!s) return s.error();
+    e.session = *s;
+    auto what = r.keyword("a session check", {"idle", "busy", "claimed", "unclaimed", "notify",
+                                              "outcome", "resumes"});
+    if (!what) return what.error();
+    if (*what == "notify") {
+      e.what = k::session_notify;
+      auto v = r.keyword("a notify setting", {"on", "off", "default"});
+      if (!v) return v.error();
+      e.text = *v;
+    } else if (*what == "outcome") {
+      e.what = k::session_outcome;
+      auto v = r.keyword("an idle outcome", {"completed", "error", "cancelled"});
+      if (!v) return v.error();
+      e.text = *v;
+    } else if (*what == "resumes") {
+      e.what = k::session_resumes;
+      auto n = r.number("the resume count", 0, 1000000);
+      if (!n) return n.error();
+      e.number = *n;
+    } else {
+      e.what = k::session_word;
+      e.text = *what;
+    }
+    return e;
+  }
+  // boot
+  e.what = k::boot_field;
+  std::string list;
+  for (auto f : boot_fields()) list += (list.empty() ? "" : ", ") + std::string(f);
+  if (r.done()) return r.missing("a boot field (" + list + ")");
+  auto f = r.name("a boot field");
+  if (!f) return f.error();
+  if (std::none_of(boot_fields().begin(), boot_fields().end(),
+                   [&](const char* b) { return *f == b; }))
+    return r.fail("'" + *f + "' is not a boot field (expected " + list + ")");
+  e.text = *f;
+  auto n = r.number("the count", 0, 1000000);
+  if (!n) return n.error();
+  e.number = *n;
+  return e;
+}
+
+result<void> parse_crash_point(line_reader& r, step& st) {
+  if (r.done()) return r.missing("a crash point name (see `tether crash-points`)");
+  auto w = r.peek();
+  r.skip();
+  std::string name = w.text;
+  auto colon = name.rfind(':');
+  if (colon != std::string::npos) {
+    std::string n = name.substr(colon + 1);
+    char* end = nullptr;
+    long k = n.empty() ? 0 : std::strtol(n.c_str(), &end, 10);
+    if (n.empty() || *end != '\0' || k < 1)
+      return r.fail("the hit count in " + show(w) + " must be a positive whole number");
+    name.resize(colon);
+  }
+  auto names = runtime::crash_point_names();
+  if (w.quoted || std::find(names.begin(), names.end(), name) == names.end())
+    return r.fail("'" + name + "' is not a crash point (see `tether crash-points`)");
+  st.text = w.text;
+  return {};
+}
+
+// Checks that every name refers to something the script creates.
+result<void> check_names(script& s) {
+  std::set<std::string> sessions, gates;
+  for (auto& st : s.steps)
+    if (st.what == step::kind::session) sessions.insert(st.name);
+  for (auto& t : s.turns)
+    for (auto& a : t.actions) {
+      if (a.what == action::kind::spawn) sessions.insert(a.target);
+      if (a.what == action::kind::shell) gates.insert(a.text);
+    }
+  s.gates.assign(gates.begin(), gates.end());
+  auto where = [&](int line) { return s.file + ":" + std::to_string(line) + ": "; };
+  auto known = [&](int line, const std::string& n) -> result<void> {
+    if (n.empty() || sessions.count(n)) return {};
+    return error{errc::invalid, where(line) + "session '" + n +
+                                    "' is never created (no 'session " + n +
+                                    "' step and no turn spawns it)"};
+  };
+  for (auto& t : s.turns) {
+    if (auto r = known(t.line, t.session); !r) return r;
+    for (auto& a : t.actions)
+      if (a.what == action::kind::interrupt)
+        if (auto r = known(t.line, a.target); !r) return r;
+  }
+  for (std::size_t i = 0; i < s.steps.size(); ++i) {
+    auto& st = s.steps[i];
+    if (st.what == step::kind::wait_turn &&
+        std::none_of(s.turns.begin(), s.turns.end(), [&](const turn& t) {
+          return t.session == st.name && t.ordinal == st.code;
+        }))
+      return error{errc::invalid, where(st.line) + "wait turn: session '" + st.name +
+                                      "' has no turn for input " + std::to_string(st.code) +
+                                      " (add `on " + st.name + " " + std::to_string(st.code) +
+                                      ": ...`)"};
+    if (st.what == step::kind::shell_exit && !gates.count(st.name))
+      return error{errc::invalid, where(st.line) + "no turn starts a shell on gate '" + st.name +
+                                      "' (add `shell " + st.name + "` to a turn)"};
+    if (st.what != step::kind::shell_exit && st.what != step::kind::session &&
+        st.what != step::kind::crash)
+      if (auto r = known(st.line, st.name); !r) return r;
+    if (st.what == step::kind::expect) {
+      auto& e = st.expect;
+      for (auto* n : {&e.session, &e.parent, &e.child})
+        if (auto r = known(st.line, *n); !r) return r;
+      if (e.what == expectation::kind::inbox_from)
+        if (auto r = known(st.line, e.text); !r) return r;
+    }
+    if (st.what == step::kind::crash) {
+      std::size_t j = i + 1;
+      for (; j < s.steps.size() && s.steps[j].what != step::kind::restart; ++j) {
+        auto& in = s.steps[j];
+        if (in.what == step::kind::expect || in.what == step::kind::crash)
+          return error{errc::invalid,
+                       where(in.line) + "'" + (in.what == step::kind::expect ? "expect" : "crash") +
+                           "' between 'crash at' (line " + std::to_string(st.line) +
+                           ") and 'restart': that host is expected to die; check after the restart"};
+      }
+      if (j == s.steps.size())
+        return error{errc::invalid, where(st.line) + "'crash at " + st.text +
+                                        "' needs a 'restart' step after it"};
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+result<script> parse(const std::string& text, const std::string& file) {
+  script s;
+  s.file = file;
+  std::istringstream in(text);
+  std::string line;
+  int n = 0;
+  std::set<std::pair<std::string, int>> turn_keys;
+  while (std::getline(in, line)) {
+    ++n;
+    std::string where = file + ":" + std::to_string(n) + ": ";
+    auto words = split(line, where);
+    if (!words) return words.error();
+    if (words->empty()) continue;
+    if ((*words)[0].quoted || (*words)[0].text == ";")
+      return error{errc::invalid, where + "a line starts with a step name, not " + show((*words)[0])};
+    std::string verb = (*words)[0].text;
+    line_reader r(std::move(*words), where, verb);
+    r.skip();
+
+    if (verb == "on") {
+      turn t;
+      t.line = n;
+      auto sname = r.name("the session name");
+      if (!sname) return sname.error();
+      t.session = *sname;
+      if (r.done()) return r.missing("the input ordinal followed by ':'");
+      auto w = r.peek();
+      std::string num = w.text;
+      bool colon = !num.empty() && num.back() == ':';
+      if (colon) num.pop_back();
+      char* end = nullptr;
+      long k = num.empty() || w.quoted ? 0 : std::strtol(num.c_str(), &end, 10);
+      if (w.quoted || num.empty() || *end != '\0' || k < 1 || k > 1000000)
+        return r.fail("the input ordinal " + show(w) + " is not a whole number from 1");
+      t.ordinal = static_cast<int>(k);
+      r.skip();
+      if (!colon) {
+        if (!r.at(":")) return r.done() ? r.missing("':' after the input ordinal")
+                                        : r.fail("expected ':' after the input ordinal, found " +
+                                                 show(r.peek()));
+        r.skip();
+      }
+      if (!turn_keys.insert({t.session, t.ordinal}).second)
+        return r.fail("session '" + t.session + "' already has a turn for input " +
+                      std::to_string(t.ordinal));
+      if (r.done()) return r.missing("an action");
+      for (;;) {
+        auto a = parse_action(r);
+        if (!a) return a.error();
+        t.actions.push_back(std::move(*a));
+        if (r.done()) break;
+        if (!r.at(";")) return r.fail("expected ';' between actions, found " + show(r.peek()));
+        r.skip();
+        if (r.done()) break;  // a trailing ';' is fine
+      }
+      s.turns.push_back(std::move(t));
+      continue;
+    }
+
+    step st;
+    st.line = n;
+    {
+      auto b = line.find_first_not_of(" \t");
+      auto e = line.find_last_not_of(" \t\r");
+      st.source = line.substr(b, e - b + 1);
+    }
+    using k = step::kind;
+    if (verb == "session") {
+      st.what = k::session;
+      auto nm = r.name("the session name");
+      if (!nm) return nm.error();
+      st.name = *nm;
+      st.text = *nm;
+      if (!r.done()) {
+        auto d = r.text("the description");
+        if (!d) return d.error();
+        st.text = *d;
+      }
+    } else if (verb == "prompt" || verb == "steer") {
+      st.what = verb == "prompt" ? k::prompt : k::steer;
+      auto nm = r.name("the session name");
+      if (!nm) return nm.error();
+      st.name = *nm;
+      auto t = r.text("the " + verb + " text");
+      if (!t) return t.error();
+      st.text = *t;
+    } else if (verb == "wake" || verb == "interrupt" || verb == "background") {
+      st.what = verb == "wake" ? k::wake : verb == "interrupt" ? k::interrupt : k::background;
+      auto nm = r.name("the session name");
+      if (!nm) return nm.error();
+      st.name = *nm;
+    } else if (verb == "revert") {
+      st.what = k::revert;
+      auto nm = r.name("the session name");
+      if (!nm) return nm.error();
+      st.name = *nm;
+      auto v = r.keyword("a revert action", {"stage", "clear"});
+      if (!v) return v.error();
+      st.flag = *v == "stage";
+    } else if (verb == "shell") {
+      st.what = k::shell_exit;
+      auto g = r.name("the gate name");
+      if (!g) return g.error();
+      st.name = *g;
+      auto ex = r.keyword("the word", {"exits"});
+      if (!ex) return ex.error();
+      if (!r.done() && !r.peek().quoted) {
+        auto c = r.number("the exit code", 0, 255);
+        if (!c) return c.error();
+        st.code = static_cast<int>(*c);
+      }
+      if (!r.done()) {
+        auto o = r.text("the shell's output");
+        if (!o) return o.error();
+        st.text = *o;
+      }
+    } else if (verb == "wait") {
+      auto what = r.keyword("a wait", {"quiescent", "shells", "idle", "parked", "turn"});
+      if (!what) return what.error();
+      st.what = *what == "quiescent" ? k::wait_quiescent
+                : *what == "shells"  ? k::wait_shells
+                : *what == "idle"    ? k::wait_idle
+                : *what == "parked"  ? k::wait_parked
+                                     : k::wait_turn;
+      if (st.what == k::wait_idle || st.what == k::wait_parked || st.what == k::wait_turn) {
+        auto nm = r.name("the session name");
+        if (!nm) return nm.error();
+        st.name = *nm;
+      }
+      if (st.what == k::wait_turn) {
+        auto o = r.number("the input ordinal", 1, 1000000);
+        if (!o) return o.error();
+        st.code = static_cast<int>(*o);
+      }
+    } else if (verb == "crash") {
+      st.what = k::crash;
+      auto at = r.keyword("the word", {"at"});
+      if (!at) return at.error();
+      if (auto c = parse_crash_point(r, st); !c) return c.error();
+    } else if (verb == "restart") {
+      st.what = k::restart;
+    } else if (verb == "expect") {
+      st.what = k::expect;
+      auto e = parse_expect(r);
+      if (!e) return e.error();
+      st.expect = std::move(*e);
+      st.name = st.expect.session;
+    } else {
+      return error{errc::invalid, where + "'" + verb +
+                                      "' is not a step (expected session, on, prompt, steer, "
+                                      "wake, interrupt, revert, background, shell, wait, crash, "
+                                      "restart, expect)"};
+    }
+    if (auto e = r.end(); !e) return e.error();
+    s.steps.push_back(std::move(st));
+  }
+  if (auto c = check_names(s); !c) return c.error();
+  return s;
+}
+
+result<script> parse_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return error{errc::not_found, "cannot read scenario '" + path + "': " + std::strerror(errno)};
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse(ss.str(), path);
+}
+
+// ---------------------------------------------------------------------------
+// Running
+
+namespace {
+
+using protocol::session_id;
+
+script_action to_script_action(const action& a) {
+  using k = script_action::kind;
+  script_action s;
+  switch (a.what) {
+    case action::kind::say: s.what = k::say; break;
+    case action::kind::fail: s.what = k::fail; break;
+    case action::kind::raise: s.what = k::raise; break;
+    case action::kind::shell: s.what = k::shell; break;
+    case action::kind::spawn: s.what = k::spawn; break;
+    case action::kind::wake_self: s.what = k::wake_self; break;
+    case action::kind::wait_cancel: s.what = k::wait_cancel; break;
+    case action::kind::interrupt: s.what = k::interrupt; break;
+  }
+  s.text = a.what == action::kind::shell ? "gate " + a.text : a.text;
+  s.child = a.target;
+  s.description = a.description;
+  s.agent = a.agent;
+  s.notify = a.notify;
+  s.background = a.background;
+  s.count = a.count;
+  return s;
+}
+
+std::string indent(const std::string& text) {
+  std::string out = "          | ";
+  for (char c : text) {
+    out += c;
+    if (c == '\n') out += "          | ";
+  }
+  return out;
+}
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status))
+    return "it died by signal " + std::to_string(WTERMSIG(status)) + " (" +
+           strsignal(WTERMSIG(status)) + "), not SIGKILL";
+  if (WIFEXITED(status)) {
+    int c = WEXITSTATUS(status);
+    if (c == 0) return "it ran every step and the crash point was never reached";
+    return "it exited with status " + std::to_string(c) + (c == 1 ? " (a step failed)" : "");
+  }
+  return "wait status " + std::to_string(status);
+}
+
+awaitable<bool> quiescent(host* h, bool shells) {
+  co_await h->wait_quiescent(shells);
+  co_return true;
+}
+
+class runner {
+ public:
+  runner(const script& s, run_options o)
+      : s_(s), o_(std::move(o)), out_(o_.out ? *o_.out : std::cout),
+        agents_(std::make_shared<scripted_agents>()) {
+    for (auto& t : s_.turns) {
+      script_turn st;
+      for (auto& a : t.actions) st.actions.push_back(to_script_action(a));
+      agents_->on_input(session_id(t.session), t.ordinal, std::move(st));
+    }
+  }
+  ~runner() {
+    if (res_.stuck)
+      (void)host_.release();  // wedged: shutting it down could hang; the process exit ends it
+    else
+      close_host();
+    for (int fd : gate_fds_) ::close(fd);
+  }
+
+  run_result run() {
+    out_ << "scenario " << s_.file << "\n";
+    if (!prepare(true) || !open_host()) {
+      ++res_.failed;
+      return res_;
+    }
+    for (std::size_t i = 0; i < s_.steps.size(); ++i) {
+      const auto& st = s_.steps[i];
+      if (st.what == step::kind::crash) {
+        crash(i);
+        while (i + 1 < s_.steps.size() && s_.steps[i + 1].what != step::kind::restart) ++i;
+        continue;
+      }
+      if (!exec(st)) break;
+    }
+    if (!res_.stuck) close_host();
+    out_ << s_.file << ": " << (res_.passed + res_.failed) << " expectation(s), " << res_.failed
+         << " failed\n";
+    if (res_.failed) {
+      out_ << "timeline of the scripted turns:\n";
+      int n = 0;
+      for (auto& l : agents_->log()) out_ << "  " << ++n << ". " << l << "\n";
+    }
+    return res_;
+  }
+
+  int crash_segment(std::size_t crash_step) {
+    if (!prepare(false) || !open_host()) return 1;
+    for (std::size_t i = crash_step + 1;
+         i < s_.steps.size() && s_.steps[i].what != step::kind::restart; ++i)
+      if (!exec(s_.steps[i])) return 1;
+    close_host();
+    return 0;
+  }
+
+  bool stuck() const { return res_.stuck; }
+
+ private:
+  // The scratch directory, the gate script and (in the process that owns
+  // them) the gates: fifos held open read-write so a line written to one
+  // waits there until its shell reads it, whenever that shell starts.
+  bool prepare(bool own_gates) {
+    std::error_code ec;
+    dir_ = fs::absolute(o_.dir, ec);
+    fs::create_directories(dir_ / "bin", ec);
+    fs::create_directories(dir_ / "gates", ec);
+    if (ec) return fail_setup("cannot create " + dir_.string() + ": " + ec.message());
+    auto script = dir_ / "bin" / "gate";
+    if (own_gates) {
+      std::ofstream(script) << "#!/bin/bash\n"
+                               "# gate NAME: runs until the scenario says `shell NAME exits`.\n"
+                               "read -r code rest < \""
+                            << (dir_ / "gates").string()
+                            << "/$1\"\n"
+                               "[ -n \"$rest\" ] && printf '%b\\n' \"$rest\"\n"
+                               "exit \"${code:-0}\"\n";
+      fs::permissions(script, fs::perms::owner_all, ec);
+      for (auto& g : s_.gates) {
+        auto p = dir_ / "gates" / g;
+        if (::mkfifo(p.c_str(), 0600) != 0 && errno != EEXIST)
+          return fail_setup("cannot make the gate " + p.string() + ": " + std::strerror(errno));
+        int fd = ::open(p.c_str(), O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+          return fail_setup("cannot open the gate " + p.string() + ": " + std::strerror(errno));
+        gate_fds_.push_back(fd);
+      }
+    }
+    std::string bin = (dir_ / "bin").string();
+    const char* path = std::getenv("PATH");
+    std::string cur = path ? path : "";
+    if (cur.rfind(bin + ":", 0) != 0) ::setenv("PATH", (bin + ":" + cur).c_str(), 1);
+    return true;
+  }
+
+  bool fail_setup(const std::string& why) {
+    out_ << "  FAIL  setup: " << why << "\n";
+    return false;
+  }
+
+  bool open_host() {
+    host_options ho;
+    ho.db_path = (dir_ / "tether.db").string();
+    ho.agents = agents_;
+    ho.log = [this](const std::string& w) {
+      std::lock_guard lk(log_m_);
+      out_ << "  note  " << w << "\n";
+    };
+    auto h = host::open(ho);
+    if (!h) return fail_setup(h.error().message);
+    host_ = std::move(*h);
+    agents_->set_interrupter([hp = host_.get()](const session_id& s) { hp->interrupt(s); });
+    auto b = wait_for(host_->boot());
+    if (!b) return false;
+    if (!*b) return fail_setup("boot: " + b->error().message);
+    boot_ = **b;
+    return true;
+  }
+
+  void close_host() {
+    if (!host_) return;
+    host_->shutdown();
+    agents_->set_interrupter({});
+    host_.reset();
+  }
+
+  // Runs `a` on the host; nullopt (and the scenario is stuck) on a timeout.
+  template <class T>
+  std::optional<T> wait_for(awaitable<T> a) {
+    auto f = asio::co_spawn(host_->pool().at(0), std::move(a), asio::use_future);
+    if (f.wait_for(o_.wait_timeout) != std::future_status::ready) {
+      res_.stuck = true;
+      return std::nullopt;
+    }
+    return f.get();
+  }
+
+  void say(const char* tag, const step& st, const std::string& extra = "") {
+    std::lock_guard lk(log_m_);
+    out_ << "  " << tag << "line " << st.line << ": " << st.source;
+    if (!extra.empty()) out_ << (extra.find('\n') == std::string::npos ? " — " : "\n") << extra;
+    out_ << "\n";
+  }
+
+  // A step that could not be carried out ends the scenario.
+  bool step_failed(const step& st, const std::string& why) {
+    ++res_.failed;
+    say("FAIL  ", st, why);
+    return false;
+  }
+
+  bool timed_out(const step& st) {
+    return step_failed(st, "no answer within " + std::to_string(o_.wait_timeout.count()) +
+                               " ms; the scenario stops here");
+  }
+
+  template <class T>
+  bool check(const step& st, const std::optional<result<T>>& r) {
+    if (!r) return timed_out(st);
+    if (!*r) return step_failed(st, (*r).error().message);
+    return true;
+  }
+
+  bool exec(const step& st) {
+    if (o_.verbose && st.what != step::kind::expect) say("..    ", st);
+    using k = step::kind;
+    session_id id(st.name);
+    switch (st.what) {
+      case k::session: {
+        std::optional<session_id> want = id;
+        return check(st, wait_for(host_->create_session(st.text, want)));
+      }
+      case k::prompt:
+      case k::steer:
+        return check(st, wait_for(host_->prompt(id, st.text, st.what == k::steer)));
+      case k::wake: {
+        auto s = host_->get(id);
+        if (!s) return step_failed(st, s.error().message);
+        host_->wake(**s, wake_scope::input, false);
+        return true;
+      }
+      case k::interrupt:
+        host_->interrupt(id);
+        return true;
+      case k::revert:
+        return check(st, wait_for(host_->stage_revert(id, st.flag)));
+      case k::background:
+        return check(st, wait_for(host_->background(id)));
+      case k::shell_exit:
+        return open_gate(st);
+      case k::wait_quiescent:
+      case k::wait_shells: {
+        auto r = wait_for(quiescent(host_.get(), st.what == k::wait_shells));
+        return r ? true : timed_out(st);
+      }
+      case k::wait_idle:
+        return check(st, wait_for(host_->wait_idle(id)));
+      case k::wait_parked:
+      case k::wait_turn: {
+        bool ok = st.what == k::wait_parked ? agents_->wait_parked(id, o_.wait_timeout)
+                                            : agents_->wait_played(id, st.code, o_.wait_timeout);
+        if (!ok) {
+          res_.stuck = true;
+          return timed_out(st);
+        }
+        return true;
+      }
+      case k::restart:
+        close_host();
+        if (!open_host()) {
+          ++res_.failed;
+          return false;
+        }
+        return true;
+      case k::expect:
+        expect(st);
+        return true;
+      case k::crash:
+        return step_failed(st, "a crash step inside a crash segment");
+    }
+    return true;
+  }
+
+  // Writes "CODE OUTPUT" into the gate; the shell reading it exits with CODE.
+  bool open_gate(const step& st) {
+    std::string out;
+    for (char c : st.text) {
+      if (c == '\\') out += "\\\\";
+      else if (c == '\n') out += "\\n";
+      else out += c;
+    }
+    std::string line = std::to_string(st.code) + " " + out + "\n";
+    auto p = dir_ / "gates" / st.name;
+    int fd = ::open(p.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return step_failed(st, "cannot open the gate " + p.string() + ": " + std::strerror(errno));
+    auto n = ::write(fd, line.data(), line.size());
+    ::close(fd);
+    if (n != static_cast<ssize_t>(line.size()))
+      return step_failed(st, "cannot write the gate " + p.string());
+    return true;
+  }
+
+  void crash(std::size_t i) {
+    const auto& st = s_.steps[i];
+    if (o_.verbose) say("..    ", st);
+    close_host();
+    if (!o_.crash_segment) {
+      ++res_.failed;
+      say("FAIL  ", st, "this runner cannot start a crash process (no crash_segment)");
+      return;
+    }
+    int status = o_.crash_segment(i, st.text);
+    bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    record(killed, st, killed ? "" : describe_status(status));
+  }
+
+  void record(bool ok, const step& st, const std::string& got) {
+    ok ? ++res_.passed : ++res_.failed;
+    say(ok ? "ok    " : "FAIL  ", st, ok ? "" : got);
+  }
+
+  void expect(const step& st) {
+    std::string got;
+    bool ok = evaluate(st.expect, got);
+    record(ok, st, got);
+  }
+
+  static bool compare(expectation::text_op op, const std::string& actual, const std::string& want) {
+    switch (op) {
+      case expectation::text_op::contains: return actual.find(want) != std::string::npos;
+      case expectation::text_op::lacks: return actual.find(want) == std::string::npos;
+      case expectation::text_op::equals: return actual == want;
+    }
+    return false;
+  }
+
+  template <class V>
+  static const auto* pick(const std::vector<V>& rows, int position, std::string& got,
+                          const char* what) {
+    std::size_t n = rows.size();
+    std::size_t p = position == -1 ? n : static_cast<std::size_t>(position);
+    if (p < 1 || p > n) {
+      got = std::string("there ") + (n == 1 ? "is 1 " : "are " + std::to_string(n) + " ") + what;
+      return static_cast<const V*>(nullptr);
+    }
+    return &rows[p - 1];
+  }
+
+  bool number_is(long want, long have, std::string& got) {
+    got = "got " + std::to_string(have);
+    return want == have;
+  }
+
+  bool evaluate(const expectation& e, std::string& got) {
+    using k = expectation::kind;
+    auto& store = host_->store();
+    session_id sid(e.session);
+    auto failed_read = [&](const error& err) {
+      got = "cannot read: " + err.message;
+      return false;
+    };
+    switch (e.what) {
+      case k::inbox_count:
+      case k::inbox_text:
+      case k::inbox_state:
+      case k::inbox_from: {
+        auto rows = store.inbox(sid);
+        if (!rows) return failed_read(rows.error());
+        if (e.what == k::inbox_count) return number_is(e.number, rows->size(), got);
+        auto* row = pick(*rows, e.position, got, "inbox row(s)");
+        if (!row) return false;
+        if (e.what == k::inbox_state) {
+          got = std::string("it is ") + (row->acked ? "acked" : "pending");
+          return row->acked == (e.text == "acked");
+        }
+        if (e.what == k::inbox_from) {
+          got = "it is from " + (row->from ? row->from->str() : std::string("no session"));
+          return row->from && row->from->str() == e.text;
+        }
+        got = "the body is:\n" + indent(row->body);
+        return compare(e.op, row->body, e.text);
+      }
+      case k::transcript_reports:
+      case k::transcript_answers:
+      case k::transcript_answer: {
+        auto msgs = store.messages(sid);
+        if (!msgs) return failed_read(msgs.error());
+        long reports = 0, answers = 0;
+        const persistence::message_row* last = nullptr;
+        for (auto& m : *msgs) {
+          reports += m.kind == "report";
+          if (m.role == "assistant") {
+            ++answers;
+            if (m.status == "completed") last = &m;
+          }
+        }
+        if (e.what == k::transcript_reports) return number_is(e.number, reports, got);
+        if (e.what == k::transcript_answers) return number_is(e.number, answers, got);
+        if (!last) {
+          got = "the transcript has no completed answer";
+          return false;
+        }
+        got = "the last answer is:\n" + indent(last->text);
+        return compare(e.op, last->text, e.text);
+      }
+      case k::jobs_count: {
+        auto jobs = store.jobs();
+        if (!jobs) return failed_read(jobs.error());
+        long n = 0;
+        for (auto& j : *jobs) {
+          if (!e.status.empty() && to_string(j.status) != e.status) continue;
+          if (!e.job_kind.empty() && j.kind != e.job_kind) continue;
+          if (!e.mode.empty() && j.mode != e.mode) continue;
+          if (!e.parent.empty() && (!j.parent || j.parent->str() != e.parent)) continue;
+          if (!e.child.empty() && (!j.child || j.child->str() != e.child)) continue;
+          ++n;
+        }
+        bool ok = number_is(e.number, n, got);
+        if (!ok)
+          for (auto& j : *jobs)
+            got += "\n          | " + j.id.str() + " " + j.kind + " " + j.mode + " " +
+                   std::string(to_string(j.status)) + " parent=" +
+                   (j.parent ? j.parent->str() : "-") + " child=" + (j.child ? j.child->str() : "-");
+        return ok;
+      }
+      case k::inline_count:
+        return number_is(e.number, agents_->inline_results().size(), got);
+      case k::inline_text: {
+        auto results = agents_->inline_results();
+        auto* r = pick(results, e.position, got, "inline result(s)");
+        if (!r) return false;
+        got = "the inline result is:\n" + indent(*r);
+        return compare(e.op, *r, e.text);
+      }
+      case k::session_word:
+      case k::session_notify:
+      case k::session_outcome:
+      case k::session_resumes: {
+        auto row = store.session(sid);
+        if (!row) return failed_read(row.error());
+        if (!*row) {
+          got = "session '" + e.session + "' does not exist";
+          return false;
+        }
+        auto& s = **row;
+        if (e.what == k::session_resumes) return number_is(e.number, s.resume_attempts, got);
+        std::string have;
+        if (e.what == k::session_notify)
+          have = !s.notify ? "default" : *s.notify ? "on" : "off";
+        else if (e.what == k::session_outcome)
+          have = s.idle_outcome.value_or("none");
+        else if (e.text == "idle" || e.text == "busy")
+          have = s.busy ? "busy" : "idle";
+        else
+          have = s.time_suspended ? "claimed" : "unclaimed";
+        got = "it is " + have;
+        return have == e.text;
+      }
+      case k::boot_field: {
+        const auto& b = boot_;
+        std::map<std::string, long> f = {{"delivered", b.delivered},
+                                         {"cleared", b.cleared},
+                                         {"kept", b.kept},
+                                         {"exhausted", b.exhausted},
+                                         {"resumed_top", b.resumed_top},
+                                         {"resumed_children", b.resumed_children},
+                                         {"shells_reattached", b.shells_reattached},
+                                         {"shells_finished", b.shells_finished}};
+        return number_is(e.number, f[e.text], got);
+      }
+    }
+    return false;
+  }
+
+  const script& s_;
+  run_options o_;
+  std::ostream& out_;
+  std::mutex log_m_;
+  std::shared_ptr<scripted_agents> agents_;
+  std::unique_ptr<host> host_;
+  boot_report boot_;
+  fs::path dir_;
+  std::vector<int> gate_fds_;
+  run_result res_;
+};
+
+}  // namespace
+
+run_result run(const script& s, run_options opts) {
+  runner r(s, std::move(opts));
+  return r.run();
+}
+
+int run_crash_segment(const script& s, run_options opts, std::size_t crash_step) {
+  runner r(s, std::move(opts));
+  return r.crash_segment(crash_step);
+}
+
+}  // namespace tether::actors::scenario
