@@ -12,12 +12,21 @@ result<std::unique_ptr<writer>> writer::open(const db_options& opts) {
 }
 
 writer::writer(db_options opts, std::unique_ptr<SQLite::Database> db)
-    : opts_(std::move(opts)), db_(std::move(db)) {
+    : opts_(std::move(opts)),
+      db_(std::move(db)),
+      savepoint_(std::make_unique<SQLite::Statement>(*db_, "SAVEPOINT s")),
+      release_(std::make_unique<SQLite::Statement>(*db_, "RELEASE s")),
+      rollback_to_(std::make_unique<SQLite::Statement>(*db_, "ROLLBACK TO s")) {
   sqlite3_commit_hook(db_->getHandle(), &writer::commit_hook, this);
   thread_ = std::thread([this] { loop(); });
 }
 
 writer::~writer() { stop(); }
+
+void writer::exec(std::unique_ptr<SQLite::Statement>& st) {
+  st->reset();
+  st->exec();
+}
 
 int writer::commit_hook(void* self) {
   auto* w = static_cast<writer*>(self);
@@ -32,8 +41,10 @@ void writer::enqueue(std::unique_ptr<detail::request> r) {
   {
     std::lock_guard lk(m_);
     if (!stopping_) {
+      bool was_empty = queue_.empty();
       queue_.push_back(std::move(r));
-      cv_.notify_one();
+      // The writer only sleeps on an empty queue.
+      if (was_empty) cv_.notify_one();
       return;
     }
   }
@@ -93,7 +104,7 @@ void writer::run_batch(std::deque<std::unique_ptr<detail::request>>& batch) {
     auto& r = *batch[i];
     std::optional<error> err;
     try {
-      db.exec("SAVEPOINT s");
+      exec(savepoint_);
       auto res = r.run(db);
       if (!res) err = res.error();
     } catch (const SQLite::Exception& e) {
@@ -105,8 +116,8 @@ void writer::run_batch(std::deque<std::unique_ptr<detail::request>>& batch) {
                                     "; it was rolled back alone"};
     }
     try {
-      if (err) db.exec("ROLLBACK TO s");
-      db.exec("RELEASE s");
+      if (err) exec(rollback_to_);
+      exec(release_);
     } catch (const std::exception& e) {
       // The savepoint machinery itself failed: the transaction is unusable.
       if (!err) err = error{errc::io, "'" + r.name + "': savepoint release failed: " + sqlite_message(e)};

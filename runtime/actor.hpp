@@ -183,7 +183,8 @@ class actor : public std::enable_shared_from_this<Derived> {
   /// ask with errc::stopped, and resolves once that is done. Idempotent.
   awaitable<void> stop() {
     begin_stop();
-    co_await stopped_->async_wait(asio::use_awaitable);
+    auto s = stopped_signal();
+    co_await s->async_wait(asio::use_awaitable);
   }
 
   /// Non-awaiting form of stop(): requests it and returns at once.
@@ -199,7 +200,7 @@ class actor : public std::enable_shared_from_this<Derived> {
     if (post) schedule();
   }
 
-  bool stopped() const { return stopped_->ready(); }
+  bool stopped() { return stopped_signal()->ready(); }
 
  protected:
   void on_restart() {}
@@ -222,28 +223,53 @@ class actor : public std::enable_shared_from_this<Derived> {
     }
   }
 
-  // Takes the next batch; false once stopping (queued asks then failed).
-  bool take(std::vector<Msg>& batch) {
+  // Takes at most `budget` queued messages; false once empty or stopping
+  // (queued asks are then failed). REQUIRES: called on the actor's executor.
+  bool take(std::vector<Msg>& batch, std::size_t budget) {
     std::unique_lock lk(m_);
-    if (!closing_ && !queue_.empty()) {
-      batch.swap(queue_);
+    if (!closing_ && head_ < queue_.size()) {
+      std::size_t n = std::min(budget, queue_.size() - head_);
+      if (head_ == 0 && n == queue_.size()) {
+        batch.swap(queue_);
+      } else {
+        batch.assign(std::make_move_iterator(queue_.begin() + head_),
+                     std::make_move_iterator(queue_.begin() + head_ + n));
+        head_ += n;
+        if (head_ == queue_.size()) {
+          queue_.clear();
+          head_ = 0;
+        }
+      }
       return true;
     }
     if (!closing_) {
       scheduled_ = false;
       return false;
     }
-    std::vector<Msg> rest;
-    rest.swap(queue_);
+    auto rest = take_rest_locked();
     lk.unlock();
     finish_stop(rest, 0, error{errc::stopped, "actor '" + name() + "' stopped before answering"});
     return false;
   }
 
+  // Everything still queued. REQUIRES: m_ held.
+  std::vector<Msg> take_rest_locked() {
+    std::vector<Msg> rest;
+    if (head_ == 0) {
+      rest.swap(queue_);
+    } else {
+      rest.assign(std::make_move_iterator(queue_.begin() + head_),
+                  std::make_move_iterator(queue_.end()));
+      queue_.clear();
+      head_ = 0;
+    }
+    return rest;
+  }
+
   void finish_stop(std::vector<Msg>& msgs, std::size_t from, const error& e) {
     for (std::size_t i = from; i < msgs.size(); ++i) detail::fail_reply(msgs[i], e);
     msgs.clear();
-    stopped_->set(0);
+    stopped_signal()->set(0);
   }
 
   // Returns false if the actor must stop (supervisor said so).
@@ -261,7 +287,7 @@ class actor : public std::enable_shared_from_this<Derived> {
     {
       std::lock_guard lk(m_);
       closing_ = true;
-      rest.swap(queue_);
+      rest = take_rest_locked();
     }
     finish_stop(batch, i + 1, e);
     finish_stop(rest, 0, e);
@@ -271,7 +297,7 @@ class actor : public std::enable_shared_from_this<Derived> {
   void drain_sync() {
     std::vector<Msg> batch;
     std::size_t budget = opts_.turn_budget;
-    while (budget > 0 && take(batch)) {
+    while (budget > 0 && take(batch, budget)) {
       for (std::size_t i = 0; i < batch.size(); ++i) {
         try {
           static_cast<Derived*>(this)->handle(batch[i]);
@@ -289,7 +315,7 @@ class actor : public std::enable_shared_from_this<Derived> {
   awaitable<void> drain_async(std::shared_ptr<Derived> self) {
     std::vector<Msg> batch;
     std::size_t budget = opts_.turn_budget;
-    while (budget > 0 && take(batch)) {
+    while (budget > 0 && take(batch, budget)) {
       for (std::size_t i = 0; i < batch.size(); ++i) {
         std::exception_ptr ep;
         try {
@@ -323,10 +349,17 @@ class actor : public std::enable_shared_from_this<Derived> {
   actor_id id_;
   actor_options opts_;
   std::mutex m_;
-  std::vector<Msg> queue_;
+  std::vector<Msg> queue_;  // messages before head_ were taken already
+  std::size_t head_ = 0;
   bool scheduled_ = false;
   std::atomic<bool> closing_ = false;
-  std::shared_ptr<one_shot<int>> stopped_ = one_shot<int>::make();
+  // Created on first use: an idle actor that is never stopped pays nothing.
+  std::shared_ptr<one_shot<int>> stopped_signal() {
+    std::lock_guard lk(m_);  // never called with m_ held
+    if (!stopped_) stopped_ = one_shot<int>::make();
+    return stopped_;
+  }
+  std::shared_ptr<one_shot<int>> stopped_;
 };
 
 }  // namespace tether::runtime

@@ -245,3 +245,30 @@ TEST_CASE("tell and ask work across executors on different threads") {
   sync_wait(pool.at(0), body(a, b));
   pool.join();
 }
+
+namespace {
+struct tick {};
+class ticker : public actor<ticker, std::variant<tick>> {
+ public:
+  ticker(executor ex, actor_options o, std::function<void()> on) : actor(ex, std::move(o)), on_(std::move(on)) {}
+  void handle(std::variant<tick>&) { on_(); }
+
+ private:
+  std::function<void()> on_;
+};
+}  // namespace
+
+TEST_CASE("a busy actor yields its executor after its turn budget") {
+  asio::io_context io;
+  int a_handled = 0;
+  int a_when_b_ran = -1;
+  auto a = std::make_shared<ticker>(io.get_executor(), actor_options{"a", nullptr, 256},
+                                    [&] { ++a_handled; });
+  auto b = std::make_shared<ticker>(io.get_executor(), actor_options{"b"},
+                                    [&] { a_when_b_ran = a_handled; });
+  for (int i = 0; i < 10000; ++i) a->tell(tick{});
+  b->tell(tick{});
+  io.run();
+  CHECK(a_handled == 10000);
+  CHECK(a_when_b_ran == 256);  // b ran right after a's first turn
+}
