@@ -121,6 +121,10 @@ class session::context : public agent_context {
     auto c = h.get(child);
     if (!c) co_return c.error();
     if (parent) h.note_child(*parent, child);
+    // A background job is outstanding from the moment its running row is
+    // written (seed §4), not from when the child's busy period starts: an
+    // ancestor that settles in between lists it as still running.
+    if (background) h.note_phase(child, true, false, false);
     auto reply = job.inline_reply;
     session_msg::bind_job bind{std::move(job)};
     (*c)->tell(std::move(bind));
