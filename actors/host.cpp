@@ -22,6 +22,7 @@ result<std::unique_ptr<host>> host::open(host_options opts) {
   persistence::db_options dbo;
   dbo.path = opts.db_path;
   dbo.sync = opts.sync;
+  dbo.max_batch = opts.max_batch;
   auto w = persistence::writer::open(dbo);
   if (!w) return w.error();
   h->writer_ = std::move(*w);
@@ -194,29 +195,32 @@ awaitable<result<void>> host::wait_idle(session_id s) {
   co_return co_await (*sess)->ask(std::move(m));
 }
 
-awaitable<result<void>> host::deliver(notification_id nid, session_id parent,
-                                      std::optional<session_id> from, std::string body) {
+awaitable<result<void>> host::deliver(session_id parent,
+                                      std::vector<persistence::report_item> items) {
   activity(+1);
   struct done_guard {
     host* h;
     ~done_guard() { h->activity(-1); }
   } guard{this};
+  std::vector<notification_id> nids;
+  for (auto& i : items) nids.push_back(i.nid);
   auto p = get(parent);
   if (!p && p.error().code == errc::not_found) {
-    // Deleted parent: nobody is owed this report any more.
-    warn("report " + nid.str() + ": parent " + parent.str() + " is gone; the row was cleared");
-    co_return co_await store_->complete(nid);
+    // Deleted parent: nobody is owed these reports any more.
+    warn("parent " + parent.str() + " is gone; " + std::to_string(nids.size()) +
+         " owed report(s) cleared");
+    co_return co_await store_->complete(std::move(nids));
   }
   if (!p) co_return p.error();
-  session_msg::admit a{nid, std::move(from), std::move(body), {}};
+  session_msg::admit a{std::move(items), {}};
   auto admitted = co_await (*p)->ask(std::move(a));
   if (!admitted && admitted.error().code == errc::not_found) {
-    warn("report " + nid.str() + ": " + admitted.error().message + "; the row was cleared");
-    co_return co_await store_->complete(nid);
+    warn(admitted.error().message + "; the rows were cleared");
+    co_return co_await store_->complete(std::move(nids));
   }
   if (!admitted) co_return admitted.error();
   TETHER_CRASH_POINT("report.admit.after_commit");
-  auto c = co_await store_->complete(nid);
+  auto c = co_await store_->complete(std::move(nids));
   if (!c) co_return c.error();
   TETHER_CRASH_POINT("report.complete.after_commit");
   wake(**p, wake_scope::steer, true);
@@ -278,26 +282,35 @@ awaitable<void> host::finish_shell(shell_info s, std::string notice) {
   activity(-1, true);
 }
 
-awaitable<result<void>> host::deliver_safe(job_row row, boot_report& rep) {
-  if (!row.parent) {
-    warn("job " + row.id.str() + " has no parent to report to; the row was cleared");
-    ++rep.cleared;
-    co_return co_await store_->complete(row.nid);
+awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
+                                   std::shared_ptr<boot_report> rep, std::shared_ptr<std::mutex> m) {
+  constexpr std::size_t k_chunk = 512;
+  for (std::size_t at = 0; at < rows.size(); at += k_chunk) {
+    std::vector<persistence::report_item> items;
+    std::size_t end = std::min(rows.size(), at + k_chunk);
+    for (std::size_t i = at; i < end; ++i)
+      items.push_back({rows[i].nid, rows[i].child, rows[i].body.value_or("")});
+    auto n = static_cast<int>(items.size());
+    auto r = co_await deliver(parent, std::move(items));
+    std::lock_guard lk(*m);
+    if (r) {
+      rep->delivered += n;
+    } else {
+      // An id conflict or any other failure: keep the rows, move on.
+      rep->kept += n;
+      warn("boot: " + std::to_string(n) + " report(s) to " + parent.str() + " not delivered: " +
+           r.error().message + "; the rows were kept");
+      rep->warnings.push_back("boot: " + std::to_string(n) + " report(s) to " + parent.str() +
+                              " not delivered: " + r.error().message + "; the rows were kept");
+    }
   }
-  auto r = co_await deliver(row.nid, *row.parent, row.child, row.body.value_or(""));
-  if (!r) {
-    // An id conflict or any other failure: keep the row, move on.
-    warn("boot: report " + row.nid.str() + " to " + row.parent->str() + " not delivered: " +
-         r.error().message + "; the row was kept");
-    ++rep.kept;
-    co_return r;
-  }
-  ++rep.delivered;
-  co_return result<void>{};
 }
 
 awaitable<result<boot_report>> host::boot() {
-  boot_report rep;
+  auto shared_rep = std::make_shared<boot_report>();
+  auto rep_m = std::make_shared<std::mutex>();
+  boot_report& rep = *shared_rep;
+  std::map<session_id, std::vector<job_row>> owed;  // terminal rows by parent, in order
   auto sessions = store_->sessions();
   if (!sessions)
     co_return error{sessions.error().code, "refusing to boot: " + sessions.error().message};
@@ -332,7 +345,15 @@ awaitable<result<boot_report>> host::boot() {
       continue;
     }
     if (row.status != job_status::running) {
-      co_await deliver_safe(std::move(row), rep);
+      if (!row.parent) {
+        warn("job " + row.id.str() + " has no parent to report to; the row was cleared");
+        ++rep.cleared;
+        std::vector<notification_id> one{row.nid};
+        co_await store_->complete(std::move(one));
+        continue;
+      }
+      auto parent = *row.parent;
+      owed[parent].push_back(std::move(row));
       continue;
     }
     if (!row.child) continue;
@@ -368,7 +389,9 @@ awaitable<result<boot_report>> host::boot() {
       ++rep.exhausted;
       if (settled && settled->row_written && row.parent) {
         row.body = body;
-        co_await deliver_safe(std::move(row), rep);
+        row.status = job_status::error;
+        auto parent = *row.parent;
+        owed[parent].push_back(std::move(row));
       }
       continue;
     }
@@ -378,6 +401,19 @@ awaitable<result<boot_report>> host::boot() {
       session_msg::bind_job bind{std::move(b)};
       (*child)->tell(std::move(bind));
     }
+  }
+
+  // Deliver the owed reports: parents side by side, each parent's in order.
+  if (!owed.empty()) {
+    auto left = std::make_shared<std::atomic<std::size_t>>(owed.size());
+    auto all_done = runtime::one_shot<int>::make();
+    for (auto& [parent, rows] : owed) {
+      auto task = deliver_owed(parent, std::move(rows), shared_rep, rep_m);
+      asio::co_spawn(pool_->next(), std::move(task), [left, all_done](std::exception_ptr) {
+        if (--*left == 0) all_done->set(0);
+      });
+    }
+    co_await all_done->async_wait(asio::use_awaitable);
   }
 
   // Phases 2 and 3: resume suspended sessions, top-level first. A session
@@ -413,6 +449,7 @@ awaitable<result<boot_report>> host::boot() {
       (phase == 2 ? rep.resumed_top : rep.resumed_children)++;
     }
   }
+  std::lock_guard lk(*rep_m);
   co_return rep;
 }
 

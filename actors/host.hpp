@@ -29,6 +29,7 @@ namespace tether::actors {
 struct host_options {
   std::string db_path;
   persistence::sync_mode sync = persistence::sync_mode::full;
+  std::size_t max_batch = 1024;  // writer requests per transaction (1 = no group commit)
   std::size_t threads = 0;  // 0 = one per core
   int resume_budget = 3;    // resumes of a child before its job reports an error
   std::shared_ptr<agent_factory> agents;
@@ -38,7 +39,7 @@ struct host_options {
 };
 
 struct boot_report {
-  int delivered = 0;       // terminal rows delivered in phase 1
+  int delivered = 0;       // terminal rows delivered in phase 1 (repeats dropped included)
   int cleared = 0;         // rows cleared: deleted parent or silent child
   int kept = 0;            // rows kept after a conflict
   int exhausted = 0;       // running rows whose child ran out of resumes
@@ -92,8 +93,7 @@ class host {
   // --- used by sessions ---
   result<std::shared_ptr<session>> get(const session_id& s);
   /// admit → complete → wake, shared by the live settle and boot.
-  awaitable<result<void>> deliver(notification_id nid, session_id parent,
-                                  std::optional<session_id> from, std::string body);
+  awaitable<result<void>> deliver(session_id parent, std::vector<persistence::report_item> items);
   /// Shells and subagents still running under `s` (its own shells included).
   std::vector<protocol::running_item> outstanding(const session_id& s);
   void note_phase(const session_id& s, bool busy, bool settling, bool foreground);
@@ -111,7 +111,10 @@ class host {
   explicit host(host_options opts);
   void shell_exited(const shell_info& s, const std::string& notice);
   awaitable<void> finish_shell(shell_info s, std::string notice);
-  awaitable<result<void>> deliver_safe(persistence::job_row row, boot_report& rep);
+  /// Boot's deliverSafe: one parent's owed reports in order, in chunks; a
+  /// failure keeps the rows and never aborts the sweep.
+  awaitable<void> deliver_owed(session_id parent, std::vector<persistence::job_row> rows,
+                               std::shared_ptr<boot_report> rep, std::shared_ptr<std::mutex> m);
 
   struct session_info {
     std::optional<session_id> parent;

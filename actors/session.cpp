@@ -152,7 +152,7 @@ awaitable<void> session::handle(session_message& m) {
     if (seq) this->ring(in->kind == "steer" ? wake_scope::steer : wake_scope::input);
     in->reply.send(std::move(seq));
   } else if (auto* a = std::get_if<admit>(&m)) {
-    auto r = co_await host_.store().admit(id(), a->nid, a->from, a->body);
+    auto r = co_await host_.store().admit(id(), std::move(a->items));
     a->reply.send(std::move(r));
   } else if (auto* b = std::get_if<bind_job>(&m)) {
     // A follow-up may have changed the link's notify setting.
@@ -436,7 +436,8 @@ awaitable<void> session::settle() {
   if (job) job_.reset();
   if (committed->row_written && nid && row_.parent) {
     auto body = req.body;
-    auto d = co_await host_.deliver(*nid, *row_.parent, id(), std::move(body));
+    std::vector<persistence::report_item> items{{*nid, id(), std::move(body)}};
+    auto d = co_await host_.deliver(*row_.parent, std::move(items));
     if (!d) host_.warn("report " + nid->str() + ": " + d.error().message + "; the row stays for boot");
   }
 }

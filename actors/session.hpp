@@ -60,10 +60,8 @@ struct input {
   reply_to<std::int64_t> reply;
 };
 struct admit {
-  notification_id nid;
-  std::optional<session_id> from;
-  std::string body;
-  reply_to<bool> reply;
+  std::vector<persistence::report_item> items;
+  reply_to<std::vector<bool>> reply;
 };
 struct bind_job {
   job_binding job;

@@ -304,40 +304,53 @@ awaitable<result<settle_result>> report_store::settle(settle_request req) {
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
-awaitable<result<bool>> report_store::admit(session_id to, notification_id nid,
-                                            std::optional<session_id> from, std::string body) {
-  auto name = "admit " + nid.str() + " to " + to.str();
-  std::size_t bytes = body.size() + 96;
-  auto fn = [to = std::move(to), nid = std::move(nid), from = std::move(from),
-       body = std::move(body)](SQLite::Database& db) -> result<bool> {
-        SQLite::Statement seq(db, "SELECT seq FROM sessions WHERE id = ?");
-        seq.bind(1, to.str());
-        if (!seq.executeStep())
-          return error{errc::not_found, "session '" + to.str() + "' does not exist; report " +
-                                            nid.str() + " was not admitted"};
-        SQLite::Statement st(db,
-                             "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
-                             "from_session, body, admitted_seq, admitted_at) "
-                             "VALUES (?, ?, ?, ?, ?, ?)");
-        st.bind(1, to.str());
-        st.bind(2, nid.str());
-        bind_opt(st, 3, from);
-        st.bind(4, body);
-        st.bind(5, seq.getColumn(0).getInt64());
-        st.bind(6, now_ms());
-        return st.exec() == 1;
-      };
+awaitable<result<std::vector<bool>>> report_store::admit(session_id to,
+                                                         std::vector<report_item> items) {
+  auto name = "admit " + std::to_string(items.size()) + " report(s) to " + to.str();
+  std::size_t bytes = 64;
+  for (auto& i : items) bytes += i.body.size() + 96;
+  auto fn = [to = std::move(to), items = std::move(items)](
+                SQLite::Database& db) -> result<std::vector<bool>> {
+    SQLite::Statement seq(db, "SELECT seq FROM sessions WHERE id = ?");
+    seq.bind(1, to.str());
+    if (!seq.executeStep())
+      return error{errc::not_found, "session '" + to.str() + "' does not exist; " +
+                                        std::to_string(items.size()) + " report(s) not admitted"};
+    auto at_seq = seq.getColumn(0).getInt64();
+    SQLite::Statement st(db,
+                         "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
+                         "from_session, body, admitted_seq, admitted_at) "
+                         "VALUES (?, ?, ?, ?, ?, ?)");
+    std::vector<bool> out;
+    out.reserve(items.size());
+    auto now = now_ms();
+    for (auto& i : items) {
+      st.reset();
+      st.bind(1, to.str());
+      st.bind(2, i.nid.str());
+      bind_opt(st, 3, i.from);
+      st.bind(4, i.body);
+      st.bind(5, at_seq);
+      st.bind(6, now);
+      out.push_back(st.exec() == 1);
+    }
+    return out;
+  };
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
-awaitable<result<void>> report_store::complete(notification_id nid) {
-  auto name = "complete " + nid.str();
-  auto fn = [nid = std::move(nid)](SQLite::Database& db) {
+awaitable<result<void>> report_store::complete(std::vector<notification_id> nids) {
+  auto name = "complete " + std::to_string(nids.size()) + " report(s)";
+  std::size_t bytes = 32 * nids.size();
+  auto fn = [nids = std::move(nids)](SQLite::Database& db) {
     SQLite::Statement st(db, "DELETE FROM jobs WHERE notification_id = ? AND status != 'running'");
-    st.bind(1, nid.str());
-    st.exec();
+    for (auto& n : nids) {
+      st.reset();
+      st.bind(1, n.str());
+      st.exec();
+    }
   };
-  co_return co_await w_.write(std::move(name), 32, std::move(fn));
+  co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
 awaitable<result<std::vector<message_row>>> report_store::take_inbox(session_id s) {

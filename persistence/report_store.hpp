@@ -69,6 +69,13 @@ struct inbox_row {
   bool acked = false;
 };
 
+/// A report on its way into an inbox.
+struct report_item {
+  notification_id nid;
+  std::optional<session_id> from;
+  std::string body;
+};
+
 /// What settle commits in one transaction.
 struct settle_request {
   session_id child;
@@ -109,12 +116,12 @@ class report_store {
   /// The settle transaction: child idle (claim released, resume attempts
   /// reset, input cursor advanced) and the job row terminal with the body.
   awaitable<result<settle_result>> settle(settle_request req);
-  /// Admits a report into a session's inbox; false if that id was already
-  /// there (the repeat is dropped). errc::not_found if the session is gone.
-  awaitable<result<bool>> admit(session_id to, notification_id nid,
-                                std::optional<session_id> from, std::string body);
-  /// The job row completes: the report is in the inbox, the outbox row goes.
-  awaitable<result<void>> complete(notification_id nid);
+  /// Admits reports into a session's inbox, in order; for each, false if its
+  /// id was already there (the repeat is dropped). errc::not_found if the
+  /// session is gone (nothing admitted).
+  awaitable<result<std::vector<bool>>> admit(session_id to, std::vector<report_item> items);
+  /// The job rows complete: their reports are in the inbox, the outbox rows go.
+  awaitable<result<void>> complete(std::vector<notification_id> nids);
   /// Moves pending inbox rows into the transcript and acknowledges them, in
   /// one transaction. Returns the appended messages.
   awaitable<result<std::vector<message_row>>> take_inbox(session_id s);
