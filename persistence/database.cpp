@@ -74,6 +74,35 @@ result<std::unique_ptr<SQLite::Database>> open_for_write(const db_options& opts)
   }
 }
 
+result<int> check_readable(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    return error{errc::not_found, "cannot read '" + path + "': " +
+                                      (std::filesystem::exists(path, ec) ? "not a regular file"
+                                                                         : "no such file") +
+                                      "; nothing was created"};
+  try {
+    SQLite::Database db(path, SQLite::OPEN_READONLY);
+    db.setBusyTimeout(5000);
+    if (db.execAndGet("SELECT count(*) FROM sqlite_master").getInt() == 0)
+      return error{errc::refused, "refusing to read '" + path +
+                                      "': it is empty, not a tether database; the file was left "
+                                      "untouched"};
+    if (auto r = check_identity(db, path); !r) return r.error();
+    int ver = db.execAndGet("PRAGMA user_version").getInt();
+    if (ver < latest_schema_version())
+      return error{errc::refused, "refusing to read '" + path + "': its schema version " +
+                                      std::to_string(ver) + " is older than this build's " +
+                                      std::to_string(latest_schema_version()) +
+                                      " (a host migrates it when it opens it; a reader never "
+                                      "does); the file was left untouched"};
+    return ver;
+  } catch (const std::exception& e) {
+    return error{errc::refused, "refusing to read '" + path + "': it is not a tether database (" +
+                                    sqlite_message(e) + "); the file was left untouched"};
+  }
+}
+
 reader_pool::lease::~lease() {
   if (!db_) return;
   std::lock_guard lk(p_->m_);

@@ -37,6 +37,12 @@ int latest_schema_version();
 /// pragmas and runs pending migrations in one transaction.
 result<std::unique_ptr<SQLite::Database>> open_for_write(const db_options& opts);
 
+/// Checks, through a read-only connection, that `path` is a tether database
+/// this build can read; returns its schema version. Never creates, migrates
+/// or writes the file: a missing file, another application's database or a
+/// schema other than this build's is refused with what was found.
+result<int> check_readable(const std::string& path);
+
 /// A pool of read-only connections. Reads never wait on the writer (WAL).
 class reader_pool {
  public:

@@ -444,7 +444,7 @@ awaitable<result<bool>> report_store::finish_shell(notification_id nid, session_
 
 // --- reads ---
 
-result<std::optional<session_row>> report_store::session(const session_id& s) {
+result<std::optional<session_row>> report_reader::session(const session_id& s) {
   try {
     auto db = readers_.acquire();
     SQLite::Statement q(*db, std::string("SELECT ") + k_session_cols + " FROM sessions WHERE id = ?");
@@ -458,7 +458,7 @@ result<std::optional<session_row>> report_store::session(const session_id& s) {
   }
 }
 
-result<std::vector<session_row>> report_store::sessions() {
+result<std::vector<session_row>> report_reader::sessions() {
   try {
     auto db = readers_.acquire();
     SQLite::Statement q(*db, std::string("SELECT ") + k_session_cols + " FROM sessions ORDER BY created_at, id");
@@ -474,7 +474,7 @@ result<std::vector<session_row>> report_store::sessions() {
   }
 }
 
-result<std::vector<job_row>> report_store::jobs() {
+result<std::vector<job_row>> report_reader::jobs() {
   try {
     auto db = readers_.acquire();
     SQLite::Statement q(*db, std::string("SELECT ") + k_job_cols + " FROM jobs ORDER BY created_at, id");
@@ -490,7 +490,7 @@ result<std::vector<job_row>> report_store::jobs() {
   }
 }
 
-result<std::int64_t> report_store::user_ordinal(const session_id& s, std::int64_t seq) {
+result<std::int64_t> report_reader::user_ordinal(const session_id& s, std::int64_t seq) {
   try {
     auto db = readers_.acquire();
     SQLite::Statement q(*db,
@@ -505,7 +505,7 @@ result<std::int64_t> report_store::user_ordinal(const session_id& s, std::int64_
   }
 }
 
-result<std::vector<message_row>> report_store::messages(const session_id& s, std::int64_t after) {
+result<std::vector<message_row>> report_reader::messages(const session_id& s, std::int64_t after) {
   try {
     auto db = readers_.acquire();
     SQLite::Statement q(*db,
@@ -525,7 +525,7 @@ result<std::vector<message_row>> report_store::messages(const session_id& s, std
   }
 }
 
-result<std::vector<inbox_row>> report_store::inbox(const session_id& s) {
+result<std::vector<inbox_row>> report_reader::inbox(const session_id& s) {
   try {
     auto db = readers_.acquire();
     SQLite::Statement q(*db,
@@ -551,7 +551,7 @@ result<std::vector<inbox_row>> report_store::inbox(const session_id& s) {
   }
 }
 
-result<std::optional<message_row>> report_store::last_assistant_after(const session_id& s,
+result<std::optional<message_row>> report_reader::last_assistant_after(const session_id& s,
                                                                      std::int64_t after) {
   try {
     auto db = readers_.acquire();

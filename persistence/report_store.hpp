@@ -94,9 +94,31 @@ struct settle_result {
   bool row_written = false;  // a terminal row now owes a report
 };
 
-class report_store {
+/// The reads of the store, through read-only connections that never wait on
+/// the writer. On its own it serves tools like `tether inspect`, and never
+/// creates, migrates or writes the file; check_readable() it first.
+class report_reader {
  public:
-  report_store(writer& w, std::string path) : w_(w), readers_(std::move(path)) {}
+  explicit report_reader(std::string path) : readers_(std::move(path)) {}
+
+  result<std::optional<session_row>> session(const session_id& s);
+  result<std::vector<session_row>> sessions();
+  result<std::vector<job_row>> jobs();
+  result<std::vector<message_row>> messages(const session_id& s, std::int64_t after = 0);
+  /// How many user messages the session has up to and including seq.
+  result<std::int64_t> user_ordinal(const session_id& s, std::int64_t seq);
+  result<std::vector<inbox_row>> inbox(const session_id& s);
+  /// The newest completed, error-free assistant message with seq > after,
+  /// paging backwards 20 rows at a time.
+  result<std::optional<message_row>> last_assistant_after(const session_id& s, std::int64_t after);
+
+ protected:
+  reader_pool readers_;
+};
+
+class report_store : public report_reader {
+ public:
+  report_store(writer& w, std::string path) : report_reader(std::move(path)), w_(w) {}
 
   writer& db_writer() { return w_; }
 
@@ -131,21 +153,8 @@ class report_store {
   /// A shell exited: its notice enters the owner's inbox and its row goes.
   awaitable<result<bool>> finish_shell(notification_id nid, session_id owner, std::string body);
 
-  // --- reads ---
-  result<std::optional<session_row>> session(const session_id& s);
-  result<std::vector<session_row>> sessions();
-  result<std::vector<job_row>> jobs();
-  result<std::vector<message_row>> messages(const session_id& s, std::int64_t after = 0);
-  /// How many user messages the session has up to and including seq.
-  result<std::int64_t> user_ordinal(const session_id& s, std::int64_t seq);
-  result<std::vector<inbox_row>> inbox(const session_id& s);
-  /// The newest completed, error-free assistant message with seq > after,
-  /// paging backwards 20 rows at a time.
-  result<std::optional<message_row>> last_assistant_after(const session_id& s, std::int64_t after);
-
  private:
   writer& w_;
-  reader_pool readers_;
 };
 
 }  // namespace tether::persistence

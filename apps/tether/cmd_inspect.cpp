@@ -1,0 +1,209 @@
+// `tether inspect DB [--json]`: what a tether database holds, read through a
+// read-only connection: sessions, owed reports (terminal job rows), job rows
+// and every session's inbox. Never creates, migrates or writes the file.
+#include "command.hpp"
+
+#include "tether/persistence/report_store.hpp"
+#include "tether/protocol/json.hpp"
+
+#include <algorithm>
+#include <iostream>
+#include <sstream>
+
+namespace tether::cli {
+namespace {
+
+namespace json = boost::json;
+using persistence::inbox_row;
+using persistence::job_row;
+using persistence::job_status;
+using persistence::session_row;
+
+struct snapshot {
+  std::string path;
+  int schema_version = 0;
+  std::vector<session_row> sessions;
+  std::vector<job_row> jobs;
+  std::vector<std::pair<std::string, std::vector<inbox_row>>> inboxes;  // by session
+};
+
+result<snapshot> read_snapshot(const std::string& path) {
+  auto version = persistence::check_readable(path);
+  if (!version) return version.error();
+  persistence::report_reader reader(path);
+  snapshot s{path, *version, {}, {}, {}};
+  auto sessions = reader.sessions();
+  if (!sessions) return sessions.error();
+  s.sessions = std::move(*sessions);
+  auto jobs = reader.jobs();
+  if (!jobs) return jobs.error();
+  s.jobs = std::move(*jobs);
+  for (auto& row : s.sessions) {
+    auto inbox = reader.inbox(row.id);
+    if (!inbox) return inbox.error();
+    s.inboxes.emplace_back(row.id.str(), std::move(*inbox));
+  }
+  return s;
+}
+
+std::string opt(const std::optional<protocol::session_id>& id) { return id ? id->str() : "-"; }
+std::string notify_word(const std::optional<bool>& n) { return !n ? "default" : *n ? "on" : "off"; }
+bool owed(const job_row& j) { return j.kind == "subagent" && j.status != job_status::running; }
+
+json::value opt_json(const std::optional<protocol::session_id>& id) {
+  return id ? json::value(id->str()) : json::value(nullptr);
+}
+
+json::object to_json(const snapshot& s) {
+  json::array sessions, jobs, owed_reports;
+  for (auto& r : s.sessions) {
+    json::object o;
+    o["id"] = r.id.str();
+    o["parent"] = opt_json(r.parent);
+    o["notify"] = r.notify ? json::value(*r.notify) : json::value(nullptr);
+    o["state"] = r.busy ? "busy" : "idle";
+    o["claim"] = r.time_suspended ? json::value(*r.time_suspended) : json::value(nullptr);
+    o["resume_attempts"] = r.resume_attempts;
+    o["seq"] = r.seq;
+    o["description"] = r.description;
+    o["agent"] = r.agent;
+    o["revert_staged"] = r.revert_staged;
+    o["input_cursor"] = r.input_cursor;
+    o["idle_outcome"] = r.idle_outcome ? json::value(*r.idle_outcome) : json::value(nullptr);
+    sessions.push_back(std::move(o));
+  }
+  for (auto& j : s.jobs) {
+    json::object o;
+    o["id"] = j.id.str();
+    o["notification_id"] = j.nid.str();
+    o["kind"] = j.kind;
+    o["mode"] = j.mode;
+    o["status"] = to_string(j.status);
+    o["parent"] = opt_json(j.parent);
+    o["child"] = opt_json(j.child);
+    o["generation"] = j.generation;
+    o["description"] = j.description;
+    o["body"] = j.body ? json::value(*j.body) : json::value(nullptr);
+    if (owed(j)) owed_reports.push_back(o);
+    jobs.push_back(std::move(o));
+  }
+  json::object inbox;
+  for (auto& [id, rows] : s.inboxes) {
+    json::array a;
+    for (auto& r : rows) {
+      json::object o;
+      o["notification_id"] = r.nid.str();
+      o["from"] = opt_json(r.from);
+      o["state"] = r.acked ? "acked" : "pending";
+      o["body"] = r.body;
+      a.push_back(std::move(o));
+    }
+    inbox[id] = std::move(a);
+  }
+  json::object out;
+  out["database"] = s.path;
+  out["schema_version"] = s.schema_version;
+  out["sessions"] = std::move(sessions);
+  out["owed_reports"] = std::move(owed_reports);
+  out["jobs"] = std::move(jobs);
+  out["inbox"] = std::move(inbox);
+  return out;
+}
+
+// Prints rows as left-aligned columns under a header.
+void table(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::size_t> w;
+  for (auto& r : rows)
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      if (w.size() <= i) w.push_back(0);
+      w[i] = std::max(w[i], r[i].size());
+    }
+  for (auto& r : rows) {
+    std::string line = " ";
+    for (std::size_t i = 0; i < r.size(); ++i)
+      line += " " + r[i] + (i + 1 < r.size() ? std::string(w[i] - r[i].size(), ' ') : "");
+    out << line << "\n";
+  }
+}
+
+void body(std::ostream& out, const std::string& text) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) out << "      | " << line << "\n";
+}
+
+void print_text(std::ostream& out, const snapshot& s) {
+  out << "database " << s.path << " (schema version " << s.schema_version << ", read-only)\n";
+  out << "\nsessions (" << s.sessions.size() << ")\n";
+  std::vector<std::vector<std::string>> rows{
+      {"id", "parent", "notify", "state", "claim", "resumes", "seq", "revert"}};
+  for (auto& r : s.sessions)
+    rows.push_back({r.id.str(), opt(r.parent), notify_word(r.notify), r.busy ? "busy" : "idle",
+                    r.time_suspended ? std::to_string(*r.time_suspended) : "-",
+                    std::to_string(r.resume_attempts), std::to_string(r.seq),
+                    r.revert_staged ? "staged" : "-"});
+  if (!s.sessions.empty()) table(out, rows);
+
+  auto n_owed = std::count_if(s.jobs.begin(), s.jobs.end(), owed);
+  out << "\nowed reports (" << n_owed << "): terminal job rows, not yet in their parent's inbox\n";
+  for (auto& j : s.jobs) {
+    if (!owed(j)) continue;
+    out << "  " << j.nid.str() << "  " << opt(j.child) << " -> " << opt(j.parent) << "  "
+        << to_string(j.status) << "  (" << j.mode << ", job " << j.id.str() << ")\n";
+    body(out, j.body.value_or(""));
+  }
+
+  out << "\njob rows (" << s.jobs.size() << ")\n";
+  rows = {{"id", "kind", "mode", "status", "parent", "child", "notification", "description"}};
+  for (auto& j : s.jobs)
+    rows.push_back({j.id.str(), j.kind, j.mode, std::string(to_string(j.status)), opt(j.parent),
+                    opt(j.child), j.nid.str(), j.description});
+  if (!s.jobs.empty()) table(out, rows);
+
+  out << "\ninbox\n";
+  for (auto& [id, inbox] : s.inboxes) {
+    if (inbox.empty()) continue;
+    auto pending = std::count_if(inbox.begin(), inbox.end(), [](auto& r) { return !r.acked; });
+    out << "  " << id << " (" << inbox.size() << ", " << pending << " pending)\n";
+    for (auto& r : inbox) {
+      out << "    " << r.nid.str() << "  from " << opt(r.from) << "  "
+          << (r.acked ? "acked" : "pending") << "\n";
+      body(out, r.body);
+    }
+  }
+}
+
+int inspect(const args& a) {
+  std::string path;
+  bool as_json = false;
+  for (auto& arg : a) {
+    if (arg == "--json") {
+      as_json = true;
+    } else if (path.empty() && !arg.empty() && arg[0] != '-') {
+      path = arg;
+    } else {
+      std::cerr << "usage: tether inspect DB [--json]\n";
+      return 2;
+    }
+  }
+  if (path.empty()) {
+    std::cerr << "usage: tether inspect DB [--json]\n";
+    return 2;
+  }
+  auto s = read_snapshot(path);
+  if (!s) {
+    std::cerr << "tether inspect: " << s.error().message << "\n";
+    return 1;
+  }
+  if (as_json)
+    std::cout << protocol::to_text(to_json(*s)) << "\n";
+  else
+    print_text(std::cout, *s);
+  return 0;
+}
+
+registrar inspect_cmd{{"inspect", "DB [--json]: sessions, owed reports, job rows and inboxes (read-only)",
+                       inspect}};
+
+}  // namespace
+}  // namespace tether::cli
