@@ -20,9 +20,14 @@ using persistence::message_row;
 using persistence::session_row;
 using protocol::session_id;
 
+/// Why a drain runs: new input, or only a steer into a running period. When
+/// both were asked for before a drain, input wins.
+enum class wake_scope { steer, input };
+
 struct drain_input {
   std::vector<message_row> inputs;  // user messages (prompts, steers, reports, notices), by seq
   int drain_index = 0;              // 0 for the first drain of a busy period
+  wake_scope scope = wake_scope::input;
 };
 
 struct spawn_request {
@@ -52,6 +57,9 @@ class agent_context {
   virtual awaitable<result<std::string>> start_shell(std::string command) = 0;
   /// Asks for one more drain before this busy period settles.
   virtual void wake_self() = 0;
+  /// Cancels a child's run (the caller cancelled its job): the child settles
+  /// "cancelled" and reports that once.
+  virtual void cancel_child(const session_id& child) = 0;
   /// The durable transcript of this session.
   virtual result<std::vector<message_row>> transcript() = 0;
   /// How many user messages this session had up to `seq` (1-based ordinal).
@@ -64,6 +72,21 @@ class agent {
   /// One drain. Throwing ends the busy period in state "error" with the
   /// exception's text; cancellation (interrupt) ends it "cancelled".
   virtual awaitable<void> drain(agent_context& ctx, drain_input in) = 0;
+};
+
+/// Hooks into the run coordinator, for instrumentation and tests. Called on
+/// the session's executor; keep them short.
+class run_observer {
+ public:
+  virtual ~run_observer() = default;
+  /// A busy period began; started_seq is the session's durable seq then.
+  virtual void started(const session_id& s, std::int64_t started_seq) {}
+  /// The busy period is about to be classified and committed. Awaited.
+  virtual awaitable<void> settling(const session_id& s) { co_return; }
+  /// The settle committed; `report` names the report it owes, if any.
+  virtual void settled(const session_id& s, std::optional<protocol::notification_id> report) {}
+  /// A report was admitted into `parent`'s inbox (repeats excluded).
+  virtual void admitted(const session_id& parent, const protocol::notification_id& report) {}
 };
 
 class agent_factory {

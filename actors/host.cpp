@@ -170,6 +170,10 @@ awaitable<result<std::int64_t>> host::prompt(session_id s, std::string text, boo
   co_return co_await (*sess)->ask(std::move(in));
 }
 
+void host::nudge(const session_id& s, wake_scope scope) {
+  if (auto sess = get(s)) wake(**sess, scope, false);
+}
+
 void host::interrupt(const session_id& s) {
   if (auto sess = get(s)) (*sess)->tell(session_msg::interrupt{});
 }

@@ -33,6 +33,7 @@ struct host_options {
   std::size_t threads = 0;  // 0 = one per core
   int resume_budget = 3;    // resumes of a child before its job reports an error
   std::shared_ptr<agent_factory> agents;
+  std::shared_ptr<run_observer> observer;  // optional
   std::string shell_dir;  // shell output and status files; default <db_path>.shells
   /// Where warnings go (boot: id conflicts, cleared rows). Default: stderr.
   std::function<void(const std::string&)> log;
@@ -69,6 +70,8 @@ class host {
   /// Appends a prompt (or steer) durably, then wakes the session.
   awaitable<result<std::int64_t>> prompt(session_id s, std::string text, bool steer = false);
   void interrupt(const session_id& s);
+  /// A wake with no input (a control-only busy period if the session is idle).
+  void nudge(const session_id& s, wake_scope scope = wake_scope::input);
   awaitable<result<void>> stage_revert(session_id s, bool staged);
   /// Turns a child's foreground job into a background one; refused while settling.
   awaitable<result<notification_id>> background(session_id child);
@@ -89,6 +92,7 @@ class host {
   }
   runtime::executor_pool& pool() { return *pool_; }
   const host_options& options() const { return opts_; }
+  run_observer* observer() const { return opts_.observer.get(); }
 
   // --- used by sessions ---
   result<std::shared_ptr<session>> get(const session_id& s);

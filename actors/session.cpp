@@ -52,6 +52,8 @@ class session::context : public agent_context {
 
   void wake_self() override { s_->ring(wake_scope::input); }
 
+  void cancel_child(const session_id& child) override { s_->host_.interrupt(child); }
+
   result<std::vector<message_row>> transcript() override {
     return s_->host_.store().messages(s_->id());
   }
@@ -144,6 +146,7 @@ session::session(runtime::executor ex, host& h, session_row row, std::shared_ptr
 awaitable<void> session::handle(session_message& m) {
   using namespace session_msg;
   if (auto* w = std::get_if<wake>(&m)) {
+    if (w->report) inbox_dirty_ = true;  // e.g. a shell notice written beside the actor
     // A report admitted while a revert is staged waits for the revert.
     if (!(w->report && row_.revert_staged)) this->ring(w->scope);
     if (w->counted) host_.activity(-1);
@@ -152,7 +155,15 @@ awaitable<void> session::handle(session_message& m) {
     if (seq) this->ring(in->kind == "steer" ? wake_scope::steer : wake_scope::input);
     in->reply.send(std::move(seq));
   } else if (auto* a = std::get_if<admit>(&m)) {
+    std::vector<notification_id> nids;
+    for (auto& i : a->items) nids.push_back(i.nid);
     auto r = co_await host_.store().admit(id(), std::move(a->items));
+    if (r) {
+      inbox_dirty_ = true;
+      if (auto* o = host_.observer())
+        for (std::size_t i = 0; i < nids.size(); ++i)
+          if ((*r)[i]) o->admitted(id(), nids[i]);
+    }
     a->reply.send(std::move(r));
   } else if (auto* b = std::get_if<bind_job>(&m)) {
     // A follow-up may have changed the link's notify setting.
@@ -283,6 +294,7 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     co_return;
   }
   started_seq_ = (*row)->seq;
+  if (auto* o = host_.observer()) o->started(id(), started_seq_);
   std::int64_t cursor = (*row)->input_cursor;
   failed_ = false;
   error_text_.clear();
@@ -290,15 +302,22 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
   for (int drain_index = 0;; ++drain_index) {
     if (interrupted_ || stopping_) break;
     auto scope = pending_.value_or(wake_scope::input);
-    (void)scope;
     pending_.reset();
-    // Acknowledge: admitted reports move into the transcript.
-    TETHER_CRASH_POINT("report.drain.before_ack");
-    auto taken = co_await store.take_inbox(id());
-    if (!taken) host_.warn("session " + id().str() + ": " + taken.error().message);
-    if (taken && !taken->empty()) TETHER_CRASH_POINT("report.drain.after_ack");
+    // Acknowledge: admitted reports move into the transcript. Skipped when
+    // nothing was admitted since the last look.
+    if (inbox_dirty_) {
+      inbox_dirty_ = false;
+      TETHER_CRASH_POINT("report.drain.before_ack");
+      auto taken = co_await store.take_inbox(id());
+      if (!taken) {
+        inbox_dirty_ = true;
+        host_.warn("session " + id().str() + ": " + taken.error().message);
+      }
+      if (taken && !taken->empty()) TETHER_CRASH_POINT("report.drain.after_ack");
+    }
     drain_input in;
     in.drain_index = drain_index;
+    in.scope = scope;
     auto msgs = store.messages(id(), cursor);
     if (!msgs) {
       failed_ = true;
@@ -367,6 +386,7 @@ void session::release_waiters() {
 
 awaitable<void> session::settle() {
   auto& store = host_.store();
+  if (auto* o = host_.observer()) co_await o->settling(id());
   // Classify first, before anything is written (seed §4).
   job_binding* job = (job_ && !job_->reported) ? &*job_ : nullptr;
   if (job) {
@@ -432,6 +452,7 @@ awaitable<void> session::settle() {
     co_return;
   }
   if (committed->row_written) TETHER_CRASH_POINT("report.settle.after_commit");
+  if (auto* o = host_.observer()) o->settled(id(), committed->row_written ? nid : std::nullopt);
   if (job && job->inline_reply && !job->background) job->inline_reply->set(inline_body);
   if (job) job_.reset();
   if (committed->row_written && nid && row_.parent) {

@@ -29,7 +29,6 @@ using protocol::job_id;
 using protocol::notification_id;
 using runtime::reply_to;
 
-enum class wake_scope { steer, input };
 
 /// The job a busy period reports under (seed §4). The flags close the windows
 /// that classifying before writing opens.
@@ -116,6 +115,7 @@ class session : public runtime::actor<session, session_message> {
   bool interrupted_ = false;
   bool failed_ = false;
   bool stopping_ = false;
+  bool inbox_dirty_ = true;  // reports may wait in the inbox (unknown at start)
   std::string error_text_;
   std::int64_t started_seq_ = 0;
   std::int64_t settle_cursor_ = 0;
