@@ -250,6 +250,7 @@ wire::error_rep daemon::not_found(const job_id& id) const {
 
 result<void> daemon::start() {
   if (auto r = recover(); !r) return r;
+  pool_ = std::make_unique<slot_pool>(cfg_.state_dir / "spare");
   fs::path sock = cfg_.state_dir / "sock";
   if (sock.string().size() >= sizeof(sockaddr_un::sun_path))
     return error{errc::invalid, "socket path " + sock.string() + " is " +
@@ -354,7 +355,8 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
   rec.tail_bytes = r.tail_bytes;
   rec.preview_bytes = r.preview_bytes;
   std::error_code ec;
-  fs::create_directories(j->dir, ec);
+  auto slot = pool_ ? pool_->take() : std::nullopt;
+  if (!slot || ::rename(slot->c_str(), j->dir.c_str()) != 0) fs::create_directories(j->dir, ec);
   if (ec)
     return wire::error_rep{"io", "cannot create " + j->dir.string() + ": " + ec.message() +
                                      "; nothing was started"};

@@ -11,6 +11,7 @@
 // cancels it and each waiter re-checks what it waits for.
 #include "job_store.hpp"
 #include "launcher.hpp"
+#include "slot_pool.hpp"
 
 #include "tether/protocol/output_tail.hpp"
 #include "tether/protocol/sandbox_wire.hpp"
@@ -109,6 +110,7 @@ class daemon {
   asio::io_context& io_;
   daemon_config cfg_;
   std::unique_ptr<asio::local::stream_protocol::acceptor> acceptor_;
+  std::unique_ptr<slot_pool> pool_;
   std::map<std::string, std::shared_ptr<job>> jobs_;
   std::uint64_t revision_ = 1;
   asio::steady_timer changed_;

@@ -1,5 +1,7 @@
 #include "job_store.hpp"
 
+#include "slot_pool.hpp"
+
 #include "tether/protocol/ids.hpp"
 #include "tether/protocol/json.hpp"
 #include "tether/protocol/sandbox_wire.hpp"
@@ -22,11 +24,9 @@ std::int64_t now_ms() {
       .count();
 }
 
-result<void> write_file_atomic(const fs::path& p, std::string_view content) {
-  fs::path tmp = p;
-  tmp += ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return error{errc::io, "cannot create " + tmp.string() + ": " + std::strerror(errno)};
+namespace {
+// Writes `content` to the open `fd` of `tmp`, closes it, and renames tmp to p.
+result<void> finish_atomic(int fd, const fs::path& tmp, const fs::path& p, std::string_view content) {
   std::size_t off = 0;
   while (off < content.size()) {
     ssize_t n = ::write(fd, content.data() + off, content.size() - off);
@@ -43,6 +43,15 @@ result<void> write_file_atomic(const fs::path& p, std::string_view content) {
     return error{errc::io, "cannot rename " + tmp.string() + " to " + p.string() + ": " +
                                std::strerror(errno)};
   return {};
+}
+}  // namespace
+
+result<void> write_file_atomic(const fs::path& p, std::string_view content) {
+  fs::path tmp = p;
+  tmp += ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return error{errc::io, "cannot create " + tmp.string() + ": " + std::strerror(errno)};
+  return finish_atomic(fd, tmp, p, content);
 }
 
 result<std::string> read_file(const fs::path& p) {
@@ -134,7 +143,14 @@ result<void> write_record(const fs::path& job_dir, const job_record& r) {
   o["stages"] = std::move(stages);
   o["negated"] = r.shape.negated;
   if (r.done) o["done"] = protocol::sandbox::to_json(*r.done);
-  return write_file_atomic(job_dir / "job.json", protocol::to_text(o));
+  std::string text = protocol::to_text(o);
+  // A temp made ahead by the slot pool, while one is left: no entry to create.
+  for (int k = 0; k < slot_pool::k_record_spares; ++k) {
+    fs::path spare = job_dir / ("job.json.tmp." + std::to_string(k));
+    int fd = ::open(spare.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
+    if (fd >= 0) return finish_atomic(fd, spare, job_dir / "job.json", text);
+  }
+  return write_file_atomic(job_dir / "job.json", text);
 }
 
 result<job_record> read_record(const fs::path& job_dir) {
