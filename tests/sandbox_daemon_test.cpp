@@ -157,6 +157,9 @@ TEST_CASE("kill confirms a process group that ignores TERM is gone, after escala
     auto seen = co_await c->wait_for_output(s->job, "ready");
     REQUIRE(seen.has_value());
     REQUIRE(*seen);
+    auto still = co_await c->poll(s->job);
+    REQUIRE(still.has_value());
+    CHECK_FALSE(still->has_value());  // running: no completion yet
     auto pgid = static_cast<int>(s->pid);
     CHECK(live_group_members(pgid).size() >= 2);  // the shell and its sleep
     auto k = co_await c->kill(s->job, std::chrono::milliseconds(100));
@@ -315,6 +318,21 @@ TEST_CASE("exec with a job id the daemon knows starts nothing new", "[sandbox]")
     CHECK(all->data == "once\n");
   };
   run(body());
+}
+
+TEST_CASE("connecting never starts a daemon; read-only or not, no daemon is an error", "[sandbox]") {
+  scratch_dir dir("sbx-nodaemon");
+  auto body = [&]() -> awaitable<void> {
+    auto sock = actors::socket_path_for(dir.file("state"));
+    for (auto mode : {wire::conn_mode::read_only, wire::conn_mode::read_write}) {
+      auto c = co_await sandbox_client::connect(sock, mode);
+      REQUIRE_FALSE(c.has_value());
+      CHECK(c.error().code == errc::not_found);
+      CHECK_THAT(c.error().message, Catch::Contains("never starts one"));
+    }
+  };
+  run(body());
+  CHECK_FALSE(std::filesystem::exists(dir.file("state")));
 }
 
 TEST_CASE("exec refuses a missing working directory, naming it", "[sandbox]") {
