@@ -542,7 +542,8 @@ result<script> parse(const std::string& text, const std::string& file) {
       char* end = nullptr;
       long k = num.empty() || w.quoted ? 0 : std::strtol(num.c_str(), &end, 10);
       if (w.quoted || num.empty() || *end != '\0' || k < 1 || k > 1000000)
-        return r.fail("the input ordinal " + show(w) + " is not a whole number from 1");
+        return r.fail("the input ordinal " + show(word{num, w.quoted}) +
+                      " is not a whole number from 1");
       t.ordinal = static_cast<int>(k);
       r.skip();
       if (!colon) {

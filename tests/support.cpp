@@ -51,4 +51,18 @@ int run_process(const std::vector<std::string>& argv, std::string* out,
   return status;
 }
 
+captured run_captured(const std::vector<std::string>& argv) {
+  std::string cmd = "exec";
+  for (auto& a : argv) {
+    std::string q;
+    for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    cmd += " '" + q + "'";
+  }
+  cmd += " 2>&1";
+  captured r;
+  int status = run_process({"/bin/sh", "-c", cmd}, &r.output);
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  return r;
+}
+
 }  // namespace tether::test

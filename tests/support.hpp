@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace tether::test {
 
@@ -31,5 +32,13 @@ T run(boost::asio::awaitable<T> a) {
 /// Runs a program to completion; returns its raw wait status.
 int run_process(const std::vector<std::string>& argv, std::string* out = nullptr,
                 const std::vector<std::string>& extra_env = {});
+
+/// What run_captured() saw: the exit code (-1 if the program did not exit
+/// normally) and its stdout and stderr, interleaved as written.
+struct captured {
+  int exit_code = -1;
+  std::string output;
+};
+captured run_captured(const std::vector<std::string>& argv);
 
 }  // namespace tether::test

@@ -1,0 +1,219 @@
+// `tether inspect DB [--json]`: what a database holds, read-only.
+#include "catch_result.hpp"
+#include "support.hpp"
+
+#include "tether/persistence/report_store.hpp"
+#include "tether/protocol/report.hpp"
+
+#include <SQLiteCpp/Database.h>
+#include <boost/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+using namespace tether;
+using namespace tether::persistence;
+namespace json = boost::json;
+
+namespace {
+
+const std::string k_tether = std::string(TETHER_BIN_DIR) + "/tether";
+
+template <class T>
+T await(boost::asio::awaitable<T> a) {
+  return test::run(std::move(a));
+}
+
+std::string bytes_of(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+session_row child_row(const std::string& id, const std::string& parent,
+                      std::optional<bool> notify = {}) {
+  session_row r;
+  r.id = session_id(id);
+  r.parent = session_id(parent);
+  r.notify = notify;
+  r.description = id + " work";
+  return r;
+}
+
+job_row running_job(const std::string& id, const std::string& nid, const std::string& parent,
+                    const std::string& child) {
+  job_row j;
+  j.id = job_id(id);
+  j.nid = notification_id(nid);
+  j.parent = session_id(parent);
+  j.child = session_id(child);
+  j.description = child + " work";
+  return j;
+}
+
+const std::string k_owed_body =
+    "<subagent sessionID=\"done\" state=\"completed\" description=\"done work\">\nAll done.\n</subagent>";
+const std::string k_inbox_body =
+    "<subagent sessionID=\"worker\" state=\"completed\" description=\"worker work\">\nEarlier.\n</subagent>";
+
+// A database at rest with one of everything inspect shows: a busy child with
+// a claim, a resume and a running job; an idle child whose report is owed; a
+// silent child; and a pending report in the parent's inbox.
+std::string seed_database(const test::scratch_dir& dir) {
+  auto path = dir.file("tether.db");
+  auto w = writer::open(db_options{path});
+  REQUIRE(w);
+  report_store store(**w, path);
+  session_row top;
+  top.id = session_id("parent");
+  top.description = "the parent";
+  REQUIRE(await(store.create_session(top)));
+  REQUIRE(await(store.spawn(child_row("worker", "parent"), session_id("worker"), "go",
+                            running_job("job_w", "msg_w", "parent", "worker"))));
+  REQUIRE(await(store.begin_busy(session_id("worker"))));
+  REQUIRE(await(store.bump_resume(session_id("worker"))));
+  REQUIRE(await(store.spawn(child_row("done", "parent"), session_id("done"), "go",
+                            running_job("job_d", "msg_d", "parent", "done"))));
+  settle_request req;
+  req.child = session_id("done");
+  req.background_job = job_id("job_d");
+  req.body = k_owed_body;
+  auto settled = await(store.settle(req));
+  REQUIRE(settled);
+  REQUIRE(settled->row_written);
+  REQUIRE(await(store.spawn(child_row("quiet", "parent", false), session_id("quiet"), "hush", {})));
+  std::vector<report_item> items{{notification_id("msg_old"), session_id("worker"), k_inbox_body}};
+  REQUIRE(await(store.admit(session_id("parent"), items)));
+  (*w)->stop();
+  return path;
+}
+
+const json::object* find_by(const json::array& a, const char* key, const std::string& v) {
+  for (auto& e : a)
+    if (e.as_object().at(key).as_string() == v) return &e.as_object();
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("inspect --json shows sessions, owed reports, job rows and inboxes", "[inspect]") {
+  test::scratch_dir dir("inspect-json");
+  auto path = seed_database(dir);
+  auto r = test::run_captured({k_tether, "inspect", path, "--json"});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto doc = json::parse(r.output).as_object();
+  CHECK(doc.at("database").as_string() == path);
+  CHECK(doc.at("schema_version").as_int64() == latest_schema_version());
+
+  auto& sessions = doc.at("sessions").as_array();
+  REQUIRE(sessions.size() == 4);
+  auto* worker = find_by(sessions, "id", "worker");
+  REQUIRE(worker);
+  CHECK(worker->at("parent").as_string() == "parent");
+  CHECK(worker->at("notify").is_null());
+  CHECK(worker->at("state").as_string() == "busy");
+  CHECK(worker->at("claim").is_int64());
+  CHECK(worker->at("resume_attempts").as_int64() == 1);
+  CHECK(worker->at("seq").as_int64() == 1);
+  auto* quiet = find_by(sessions, "id", "quiet");
+  REQUIRE(quiet);
+  CHECK(quiet->at("notify").as_bool() == false);
+  CHECK(quiet->at("claim").is_null());
+  auto* parent = find_by(sessions, "id", "parent");
+  REQUIRE(parent);
+  CHECK(parent->at("parent").is_null());
+  CHECK(parent->at("state").as_string() == "idle");
+
+  auto& owed = doc.at("owed_reports").as_array();
+  REQUIRE(owed.size() == 1);
+  CHECK(owed[0].as_object().at("notification_id").as_string() == "msg_d");
+  CHECK(owed[0].as_object().at("status").as_string() == "completed");
+  CHECK(owed[0].as_object().at("body").as_string() == k_owed_body);
+
+  auto& jobs = doc.at("jobs").as_array();
+  REQUIRE(jobs.size() == 2);
+  auto* running = find_by(jobs, "id", "job_w");
+  REQUIRE(running);
+  CHECK(running->at("status").as_string() == "running");
+  CHECK(running->at("child").as_string() == "worker");
+  CHECK(running->at("body").is_null());
+
+  auto& inbox = doc.at("inbox").as_object();
+  auto& rows = inbox.at("parent").as_array();
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].as_object().at("notification_id").as_string() == "msg_old");
+  CHECK(rows[0].as_object().at("from").as_string() == "worker");
+  CHECK(rows[0].as_object().at("state").as_string() == "pending");
+  CHECK(rows[0].as_object().at("body").as_string() == k_inbox_body);
+  CHECK(inbox.at("worker").as_array().empty());
+}
+
+TEST_CASE("inspect prints the same as text", "[inspect]") {
+  test::scratch_dir dir("inspect-text");
+  auto path = seed_database(dir);
+  auto r = test::run_captured({k_tether, "inspect", path});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  for (auto* want : {"sessions (4)", "owed reports (1)", "msg_d  done -> parent  completed",
+                     "      | All done.", "job rows (2)", "job_w ", "parent (1, 1 pending)",
+                     "msg_old  from worker  pending", "      | Earlier."})
+    CHECK(r.output.find(want) != std::string::npos);
+}
+
+TEST_CASE("inspect never writes: the database is byte-identical and never migrated",
+          "[inspect]") {
+  test::scratch_dir dir("inspect-ro");
+  auto path = seed_database(dir);
+  auto before = bytes_of(path);
+  REQUIRE(test::run_captured({k_tether, "inspect", path}).exit_code == 0);
+  REQUIRE(test::run_captured({k_tether, "inspect", path, "--json"}).exit_code == 0);
+  CHECK(bytes_of(path) == before);
+
+  // A tether database of an older schema version is refused, not migrated.
+  {
+    SQLite::Database db(path, SQLite::OPEN_READWRITE);
+    db.exec("PRAGMA user_version = 0");
+  }
+  before = bytes_of(path);
+  auto r = test::run_captured({k_tether, "inspect", path});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("its schema version 0 is older than this build's") != std::string::npos);
+  CHECK(bytes_of(path) == before);
+}
+
+TEST_CASE("inspect refuses a file that is not a tether database, leaving it untouched",
+          "[inspect]") {
+  test::scratch_dir dir("inspect-foreign");
+  auto text = dir.file("notes.txt");
+  std::ofstream(text) << "just some notes\n";
+  auto foreign = dir.file("other.db");
+  {
+    SQLite::Database db(foreign, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+    db.exec("CREATE TABLE t (x); INSERT INTO t VALUES (1)");
+  }
+  auto empty = dir.file("empty.db");
+  std::ofstream(empty).close();
+  struct one {
+    std::string path, says;
+  };
+  for (auto& c : {one{text, "it is not a tether database (file is not a database"},
+                  one{foreign, "it is not a tether database (application_id 0x00000000"},
+                  one{empty, "it is empty, not a tether database"}}) {
+    auto before = bytes_of(c.path);
+    auto r = test::run_captured({k_tether, "inspect", c.path, "--json"});
+    INFO(r.output);
+    CHECK(r.exit_code == 1);
+    CHECK(r.output.rfind("tether inspect: ", 0) == 0);
+    CHECK(r.output.find(c.says) != std::string::npos);
+    CHECK(r.output.find("the file was left untouched") != std::string::npos);
+    CHECK(bytes_of(c.path) == before);
+  }
+  auto missing = dir.file("missing.db");
+  auto r = test::run_captured({k_tether, "inspect", missing});
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("no such file; nothing was created") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(missing));
+}

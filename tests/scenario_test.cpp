@@ -1,0 +1,198 @@
+// Scenario files: every example in examples/scenarios/ holds when run through
+// the real `tether` binary, and a malformed file is refused with its line
+// number and the word that was wrong.
+#include "catch_result.hpp"
+#include "support.hpp"
+
+#include "tether/actors/scenario.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+using namespace tether;
+namespace fs = std::filesystem;
+namespace scn = tether::actors::scenario;
+
+namespace {
+
+const std::string k_tether = std::string(TETHER_BIN_DIR) + "/tether";
+
+std::vector<std::string> example_scenarios() {
+  std::vector<std::string> out;
+  for (auto& e : fs::directory_iterator(fs::path(TETHER_SOURCE_DIR) / "examples" / "scenarios"))
+    if (e.path().extension() == ".scn") out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+test::captured run_tether(std::vector<std::string> args) {
+  args.insert(args.begin(), k_tether);
+  return test::run_captured(args);
+}
+
+std::string write_file(const test::scratch_dir& dir, const std::string& name,
+                       const std::string& text) {
+  auto p = dir.file(name);
+  std::ofstream(p) << text;
+  return p;
+}
+
+constexpr const char* k_ok_prefix =
+    "session parent \"P\"\n"
+    "on parent 1: spawn child \"C\" \"go\"; say \"started\"\n"
+    "on child 1: say \"done\"\n";
+
+}  // namespace
+
+TEST_CASE("every example scenario holds through the real binary", "[scenario]") {
+  auto files = example_scenarios();
+  REQUIRE(files.size() >= 12);
+  auto file = GENERATE_COPY(from_range(files));
+  test::scratch_dir dir("scenario");
+  auto r = run_tether({"scenario", file, "--dir", dir.file("run"), "--timeout", "30"});
+  INFO(r.output);
+  CHECK(r.output.find("FAIL") == std::string::npos);
+  REQUIRE(r.exit_code == 0);
+}
+
+TEST_CASE("a scenario whose expectation fails exits 1 and prints FAIL with what it found",
+          "[scenario]") {
+  test::scratch_dir dir("scenario-fail");
+  auto f = write_file(dir, "fail.scn",
+                      std::string(k_ok_prefix) +
+                          "prompt parent \"go\"\n"
+                          "wait quiescent\n"
+                          "expect inbox parent count 1\n"
+                          "expect inbox parent 1 contains \"not in the body\"\n");
+  auto r = run_tether({"scenario", f, "--dir", dir.file("run")});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("  ok    line 6: expect inbox parent count 1") != std::string::npos);
+  CHECK(r.output.find("  FAIL  line 7: expect inbox parent 1 contains \"not in the body\"") !=
+        std::string::npos);
+  CHECK(r.output.find("| done") != std::string::npos);  // the body it did find
+}
+
+TEST_CASE("a wait that never ends fails the scenario after --timeout instead of hanging",
+          "[scenario]") {
+  test::scratch_dir dir("scenario-stuck");
+  auto f = write_file(dir, "stuck.scn",
+                      "session parent \"P\"\n"
+                      "on parent 1: wait-until-interrupted\n"
+                      "prompt parent \"go\"\n"
+                      "wait quiescent\n"
+                      "expect inbox parent count 0\n");
+  auto r = run_tether({"scenario", f, "--dir", dir.file("run"), "--timeout", "1"});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("FAIL  line 4: wait quiescent — no answer within 1000 ms") !=
+        std::string::npos);
+}
+
+TEST_CASE("a crash step that never reaches its crash point fails", "[scenario]") {
+  test::scratch_dir dir("scenario-nocrash");
+  auto f = write_file(dir, "nocrash.scn",
+                      std::string(k_ok_prefix) +
+                          "crash at report.settle.after_commit:5\n"
+                          "prompt parent \"go\"\n"
+                          "wait quiescent\n"
+                          "restart\n"
+                          "expect inbox parent count 1\n");
+  auto r = run_tether({"scenario", f, "--dir", dir.file("run")});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("FAIL  line 4: crash at report.settle.after_commit:5 — it ran every step "
+                      "and the crash point was never reached") != std::string::npos);
+  CHECK(r.output.find("ok    line 8: expect inbox parent count 1") != std::string::npos);
+}
+
+TEST_CASE("a malformed scenario file is refused with exit 2, its line number and the word",
+          "[scenario]") {
+  test::scratch_dir dir("scenario-bad");
+  auto f = write_file(dir, "bad.scn", std::string(k_ok_prefix) + "\n# a comment\npromt parent \"x\"\n");
+  auto r = run_tether({"scenario", f});
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find(f + ":6: 'promt' is not a step") != std::string::npos);
+}
+
+TEST_CASE("parse errors name the line and the field or word that was wrong", "[scenario]") {
+  struct bad {
+    std::string text;  // appended after k_ok_prefix (3 lines)
+    int line;
+    std::string says;
+  };
+  std::vector<bad> cases = {
+      {"on parent 2: sya \"x\"\n", 4, "on: 'sya' is not an action (expected say, fail"},
+      {"on parent two: say \"x\"\n", 4, "on: the input ordinal 'two' is not a whole number"},
+      {"on parent 2 say \"x\"\n", 4, "on: expected ':' after the input ordinal, found 'say'"},
+      {"on parent 1: say \"again\"\n", 4, "session 'parent' already has a turn for input 1"},
+      {"on parent 2: say \"x\" say \"y\"\n", 4, "expected ';' between actions, found 'say'"},
+      {"\nprompt parent hello\n", 5,
+       "prompt: expected the prompt text (a \"quoted string\"), found 'hello'"},
+      {"prompt parent\n", 4, "prompt: missing the prompt text (a \"quoted string\")"},
+      {"prompt parent \"unclosed\n", 4, "the quoted string \"unclosed\" is not closed"},
+      {"prompt parent \"bad \\q escape\"\n", 4, "unknown escape '\\q'"},
+      {"prompt ghost \"x\"\n", 4, "session 'ghost' is never created"},
+      {"on ghost 1: say \"x\"\n", 4, "session 'ghost' is never created"},
+      {"on parent 2: spawn kid \"K\" \"go\" notify maybe\n", 4,
+       "on: 'maybe' is not a notify setting (expected on, off, default)"},
+      {"on parent 2: spawn kid \"K\"\n", 4, "on: missing the child's prompt"},
+      {"revert parent undo\n", 4, "revert: 'undo' is not a revert action (expected stage, clear)"},
+      {"shell build exits\n", 4, "no turn starts a shell on gate 'build'"},
+      {"on child 2: shell build\nshell build exits 300\n", 5,
+       "shell: the exit code '300' is not a whole number from 0 to 255"},
+      {"wait forever\n", 4, "wait: 'forever' is not a wait (expected quiescent, shells, idle"},
+      {"wait turn child 7\n", 4, "wait turn: session 'child' has no turn for input 7"},
+      {"crash at report.nowhere\nrestart\n", 4, "crash: 'report.nowhere' is not a crash point"},
+      {"crash at report.settle.after_commit:0\nrestart\n", 4,
+       "crash: the hit count in 'report.settle.after_commit:0' must be a positive whole number"},
+      {"crash at report.settle.after_commit\n", 4,
+       "'crash at report.settle.after_commit' needs a 'restart' step after it"},
+      {"crash at report.settle.after_commit\nexpect inbox parent count 1\nrestart\n", 5,
+       "'expect' between 'crash at' (line 4) and 'restart'"},
+      {"expect inbox parent count many\n", 4,
+       "expect inbox: the row count 'many' is not a whole number"},
+      {"expect inbox parent 0 acked\n", 4, "expect inbox: the inbox row (a position from 1, or last) '0'"},
+      {"expect inbox parent 1 shiny\n", 4, "expect inbox: 'shiny' is not an inbox check"},
+      {"expect jobs status done count 1\n", 4, "expect jobs: 'done' is not a job status"},
+      {"expect jobs count 1 extra\n", 4, "unexpected 'extra' after the end of the step"},
+      {"expect session parent notify maybe\n", 4, "expect session: 'maybe' is not a notify setting"},
+      {"expect boot rebooted 1\n", 4, "'rebooted' is not a boot field"},
+      {"expect transcript parent answer is \"x\"\n", 4,
+       "expect transcript: 'is' is not a text check (expected contains, lacks, equals)"},
+  };
+  for (auto& c : cases) {
+    INFO(c.text);
+    auto s = scn::parse(k_ok_prefix + c.text, "t.scn");
+    REQUIRE_FALSE(s);
+    auto msg = s.error().message;
+    INFO(msg);
+    CHECK(s.error().code == errc::invalid);
+    CHECK(msg.rfind("t.scn:" + std::to_string(c.line) + ": ", 0) == 0);
+    CHECK(msg.find(c.says) != std::string::npos);
+  }
+}
+
+TEST_CASE("a well-formed scenario parses into turns, steps and gates", "[scenario]") {
+  auto s = scn::parse(std::string(k_ok_prefix) +
+                          "on child 2: shell build; wake-self 2; interrupt parent;\n"
+                          "prompt parent \"a \\\"quoted\\\" word\\nand a line\"  # trailing comment\n"
+                          "shell build exits 3 \"three\"\n"
+                          "expect jobs status running child child count 0\n"
+                          "expect inbox parent last equals \"x\"\n",
+                      "ok.scn");
+  REQUIRE(s);
+  REQUIRE(s->turns.size() == 3);
+  CHECK(s->turns[2].actions.size() == 3);
+  CHECK(s->turns[2].actions[1].count == 2);
+  REQUIRE(s->gates == std::vector<std::string>{"build"});
+  REQUIRE(s->steps.size() == 5);
+  CHECK(s->steps[1].text == "a \"quoted\" word\nand a line");
+  CHECK(s->steps[2].code == 3);
+  CHECK(s->steps[2].text == "three");
+  CHECK(s->steps[3].expect.status == "running");
+  CHECK(s->steps[3].expect.child == "child");
+  CHECK(s->steps[4].expect.position == -1);
+}
