@@ -81,7 +81,8 @@ class run_observer {
   virtual ~run_observer() = default;
   /// A busy period began; started_seq is the session's durable seq then.
   virtual void started(const session_id& s, std::int64_t started_seq) {}
-  /// The busy period is about to be classified and committed. Awaited.
+  /// The busy period was classified (a late background request is now
+  /// refused) and is about to commit. Awaited.
   virtual awaitable<void> settling(const session_id& s) { co_return; }
   /// The settle committed; `report` names the report it owes, if any.
   virtual void settled(const session_id& s, std::optional<protocol::notification_id> report) {}

@@ -178,14 +178,14 @@ awaitable<void> session::handle(session_message& m) {
     else
       queued_jobs_.push_back(std::move(b->job));
   } else if (auto* tb = std::get_if<to_background>(&m)) {
+    if (job_ && job_->settling && !job_->background) {
+      tb->reply.fail(error{errc::refused, "the job of session '" + id().str() +
+                                              "' is settling; its report comes inline"});
+      co_return;
+    }
     if (!job_ || job_->reported || job_->background) {
       tb->reply.fail(error{errc::invalid, "session '" + id().str() +
                                               "' has no foreground job to move to the background"});
-      co_return;
-    }
-    if (job_->settling) {
-      tb->reply.fail(error{errc::refused, "the job of session '" + id().str() +
-                                              "' is settling; its report comes inline"});
       co_return;
     }
     // Mark it background before the write so a settle meanwhile waits for the row.
@@ -386,7 +386,6 @@ void session::release_waiters() {
 
 awaitable<void> session::settle() {
   auto& store = host_.store();
-  if (auto* o = host_.observer()) co_await o->settling(id());
   // Classify first, before anything is written (seed §4).
   job_binding* job = (job_ && !job_->reported) ? &*job_ : nullptr;
   if (job) {
@@ -397,6 +396,7 @@ awaitable<void> session::settle() {
       co_await w->async_wait(asio::use_awaitable);
     }
   }
+  if (auto* o = host_.observer()) co_await o->settling(id());
   report_state state = interrupted_ ? report_state::cancelled
                        : failed_    ? report_state::error
                                     : report_state::completed;

@@ -1,0 +1,520 @@
+// The run coordinator's busy periods, the guards of seed §4, and boot (§6).
+#include "report_support.hpp"
+
+#include "tether/protocol/report.hpp"
+
+#include <SQLiteCpp/Database.h>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <atomic>
+
+using namespace tether;
+using namespace tether::test;
+using actors::agent_context;
+using actors::drain_input;
+using actors::wake_scope;
+
+namespace {
+
+// Counts what the coordinator does, per session.
+struct counting_observer : actors::run_observer {
+  std::mutex m;
+  std::map<std::string, int> started_count, settled_count;
+  std::map<std::string, std::vector<std::int64_t>> started_seqs;
+  std::function<boost::asio::awaitable<void>(const session_id&)> on_settling;
+
+  void started(const session_id& s, std::int64_t seq) override {
+    std::lock_guard lk(m);
+    started_count[s.str()]++;
+    started_seqs[s.str()].push_back(seq);
+  }
+  boost::asio::awaitable<void> settling(const session_id& s) override {
+    if (on_settling) co_await on_settling(s);
+  }
+  void settled(const session_id& s, std::optional<protocol::notification_id>) override {
+    std::lock_guard lk(m);
+    settled_count[s.str()]++;
+  }
+  int started_of(const std::string& s) {
+    std::lock_guard lk(m);
+    return started_count[s];
+  }
+  int settled_of(const std::string& s) {
+    std::lock_guard lk(m);
+    return settled_count[s];
+  }
+};
+
+// An agent written in code: the test decides what each drain does.
+struct code_agent : actors::agent {
+  std::function<boost::asio::awaitable<void>(agent_context&, drain_input)> fn;
+  boost::asio::awaitable<void> drain(agent_context& ctx, drain_input in) override {
+    co_await fn(ctx, std::move(in));
+  }
+};
+
+// Scripted agents for every session except those given code.
+struct mixed_agents : actors::agent_factory {
+  std::shared_ptr<actors::scripted_agents> scripted;
+  std::map<std::string, std::shared_ptr<code_agent>> code;
+  std::shared_ptr<actors::agent> make(const persistence::session_row& s) override {
+    auto it = code.find(s.id.str());
+    if (it != code.end()) return it->second;
+    return scripted->make(s);
+  }
+};
+
+class coordinator_fixture {
+ public:
+  explicit coordinator_fixture(const std::string& tag, int resume_budget = 3)
+      : dir(tag), budget(resume_budget) {
+    agents->scripted = std::make_shared<actors::scripted_agents>();
+    open();
+  }
+  ~coordinator_fixture() { close(); }
+  void open() {
+    actors::host_options o;
+    o.db_path = dir.file("tether.db");
+    o.threads = 2;
+    o.agents = agents;
+    o.observer = observer;
+    o.resume_budget = budget;
+    o.log = [this](const std::string& w) {
+      std::lock_guard lk(m);
+      warnings.push_back(w);
+    };
+    auto h = actors::host::open(o);
+    REQUIRE(h);
+    host = std::move(*h);
+    auto b = sync(host->boot());
+    REQUIRE(b);
+    boot = *b;
+  }
+  void close() {
+    if (host) host->shutdown();
+    host.reset();
+  }
+  void restart() {
+    close();
+    open();
+  }
+  template <class T>
+  T sync(boost::asio::awaitable<T> a) {
+    return runtime::sync_wait(host->pool().at(0), std::move(a));
+  }
+  void quiet() { sync(host->wait_quiescent()); }
+  void on(const std::string& s, int ordinal, std::vector<script_action> actions) {
+    agents->scripted->on_input(session_id(s), ordinal, script_turn{std::move(actions)});
+  }
+  std::shared_ptr<code_agent> code(const std::string& s) {
+    auto a = std::make_shared<code_agent>();
+    agents->code[s] = a;
+    return a;
+  }
+  // A parent that spawns `child` in the background on its first prompt.
+  void parent_spawns(const std::string& child, std::optional<bool> notify = {}) {
+    on("parent", 1, {spawn(child, "Audit routes", "go", true, notify)});
+    auto p = sync(host->create_session("parent", session_id("parent")));
+    REQUIRE(p);
+    REQUIRE(sync(host->prompt(*p, "start")));
+  }
+  std::vector<persistence::inbox_row> inbox(const std::string& s) {
+    auto r = host->store().inbox(session_id(s));
+    REQUIRE(r);
+    return *r;
+  }
+
+  scratch_dir dir;
+  int budget;
+  std::shared_ptr<mixed_agents> agents = std::make_shared<mixed_agents>();
+  std::shared_ptr<counting_observer> observer = std::make_shared<counting_observer>();
+  std::unique_ptr<actors::host> host;
+  actors::boot_report boot;
+  std::mutex m;
+  std::vector<std::string> warnings;
+};
+
+}  // namespace
+
+TEST_CASE("wakes recorded during a drain coalesce into one more drain of the same busy period") {
+  coordinator_fixture f("coalesce");
+  auto child = f.code("child");
+  std::atomic<int> drains{0};
+  child->fn = [&](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
+    ++drains;
+    if (in.drain_index == 0) {
+      for (int i = 0; i < 5; ++i) ctx.wake_self();
+    } else {
+      co_await ctx.say("done after " + std::to_string(in.drain_index + 1) + " drains");
+    }
+  };
+  f.parent_spawns("child");
+  f.quiet();
+  CHECK(drains == 2);
+  CHECK(f.observer->started_of("child") == 1);
+  CHECK(f.observer->settled_of("child") == 1);
+  auto inbox = f.inbox("parent");
+  REQUIRE(inbox.size() == 1);
+  CHECK(inbox[0].body.find("done after 2 drains") != std::string::npos);
+}
+
+TEST_CASE("20,000 self-wakes in a row make one busy period without overflowing the stack") {
+  coordinator_fixture f("selfwake");
+  auto child = f.code("child");
+  std::atomic<int> drains{0};
+  child->fn = [&](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
+    ++drains;
+    if (in.drain_index < 20000)
+      ctx.wake_self();
+    else
+      co_await ctx.say("woke myself 20000 times");
+  };
+  f.parent_spawns("child");
+  f.quiet();
+  CHECK(drains == 20001);
+  CHECK(f.observer->started_of("child") == 1);
+  CHECK(f.observer->settled_of("child") == 1);
+  REQUIRE(f.inbox("parent").size() == 1);
+}
+
+TEST_CASE("started records the session's durable sequence number as startedSeq") {
+  coordinator_fixture f("startedseq");
+  f.on("parent", 1, {say("one")});
+  f.on("parent", 2, {say("two")});
+  auto p = f.sync(f.host->create_session("parent", session_id("parent")));
+  REQUIRE(p);
+  REQUIRE(f.sync(f.host->prompt(*p, "first")));  // seq 1, answer seq 2
+  f.quiet();
+  REQUIRE(f.sync(f.host->prompt(*p, "second")));  // seq 3
+  f.quiet();
+  std::lock_guard lk(f.observer->m);
+  auto& seqs = f.observer->started_seqs["parent"];
+  REQUIRE(seqs.size() == 2);
+  CHECK(seqs[0] == 1);
+  CHECK(seqs[1] == 3);
+}
+
+TEST_CASE("settled runs before waiters are released: the report is delivered when wait_idle returns") {
+  coordinator_fixture f("release");
+  f.on("child", 1, {say("the answer")});
+  f.parent_spawns("child");
+  // The child exists once the parent's turn ran; waiting on the parent's
+  // quiescence would hide the ordering, so wait on the child alone.
+  auto exists = [&] { return f.host->store().session(session_id("child")).value().has_value(); };
+  f.sync(f.host->wait_idle(session_id("parent")));
+  REQUIRE(exists());
+  auto r = f.sync(f.host->wait_idle(session_id("child")));
+  REQUIRE(r);
+  CHECK(f.inbox("parent").size() == 1);  // admitted before the child counted as idle
+  auto jobs = f.host->store().jobs();
+  REQUIRE(jobs);
+  CHECK(jobs->empty());
+}
+
+TEST_CASE("an interrupt settles the busy period once, as cancelled, and clears a pending wake") {
+  coordinator_fixture f("interrupt");
+  auto child = f.code("child");
+  std::atomic<int> drains{0};
+  auto entered = runtime::one_shot<int>::make();
+  child->fn = [&, entered](agent_context& ctx, drain_input) -> boost::asio::awaitable<void> {
+    ++drains;
+    ctx.wake_self();  // pending when the interrupt comes: must be cleared
+    entered->set(1);
+    boost::asio::steady_timer t(co_await boost::asio::this_coro::executor);
+    t.expires_at(boost::asio::steady_timer::time_point::max());
+    co_await t.async_wait(boost::asio::use_awaitable);
+  };
+  f.parent_spawns("child");
+  f.sync(entered->async_wait(boost::asio::use_awaitable));
+  f.host->interrupt(session_id("child"));
+  f.quiet();
+  CHECK(drains == 1);
+  CHECK(f.observer->settled_of("child") == 1);
+  auto inbox = f.inbox("parent");
+  REQUIRE(inbox.size() == 1);
+  CHECK(inbox[0].body ==
+        "<subagent sessionID=\"child\" state=\"cancelled\" description=\"Audit routes\">\n"
+        "Subagent cancelled\n</subagent>");
+}
+
+TEST_CASE("a drain that throws settles the busy period once, as error, with the error text") {
+  coordinator_fixture f("throws");
+  f.on("child", 1, {script_action{script_action::kind::raise, "disk on fire"}});
+  f.parent_spawns("child");
+  f.quiet();
+  auto inbox = f.inbox("parent");
+  REQUIRE(inbox.size() == 1);
+  CHECK(inbox[0].body.find("state=\"error\"") != std::string::npos);
+  CHECK(inbox[0].body.find("disk on fire") != std::string::npos);
+  CHECK(f.observer->settled_of("child") == 1);
+}
+
+TEST_CASE("a wake that arrives during settled starts a fresh busy period") {
+  coordinator_fixture f("wakesettle");
+  f.on("child", 1, {say("first")});
+  std::atomic<bool> nudged{false};
+  f.observer->on_settling = [&](const session_id& s) -> boost::asio::awaitable<void> {
+    if (s.str() == "child" && !nudged.exchange(true)) f.host->nudge(s);
+    co_return;
+  };
+  f.parent_spawns("child");
+  f.quiet();
+  CHECK(f.observer->started_of("child") == 2);
+  CHECK(f.observer->settled_of("child") == 2);
+  // The second busy period had no answer and no job: nothing more was sent.
+  CHECK(f.inbox("parent").size() == 1);
+}
+
+TEST_CASE("steer and input wakes merge with input winning") {
+  coordinator_fixture f("scopes");
+  auto child = f.code("child");
+  std::vector<wake_scope> scopes;
+  auto entered = runtime::one_shot<int>::make();
+  auto gate = runtime::one_shot<int>::make();
+  child->fn = [&, entered, gate](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
+    scopes.push_back(in.scope);
+    if (in.drain_index == 0) {
+      entered->set(1);
+      co_await gate->async_wait(boost::asio::use_awaitable);
+    }
+    co_await ctx.say("drain " + std::to_string(in.drain_index));
+  };
+  f.parent_spawns("child");
+  f.sync(entered->async_wait(boost::asio::use_awaitable));
+  REQUIRE(f.sync(f.host->prompt(session_id("child"), "a steer", true)));
+  f.host->nudge(session_id("child"), wake_scope::input);
+  f.host->nudge(session_id("child"), wake_scope::steer);
+  // Both wakes are in the mailbox before the gate opens; a wait_idle queued
+  // behind them proves they were handled.
+  auto idle = [](actors::host* h) -> boost::asio::awaitable<void> {
+    co_await h->wait_idle(session_id("child"));
+  };
+  boost::asio::co_spawn(f.host->pool().at(0), idle(f.host.get()), boost::asio::detached);
+  gate->set(1);
+  f.quiet();
+  REQUIRE(scopes.size() == 2);
+  CHECK(scopes[1] == wake_scope::input);
+}
+
+TEST_CASE("a late request to background a settling job is refused") {
+  coordinator_fixture f("latebg");
+  f.on("parent", 1, {spawn("child", "Audit routes", "go", /*background=*/false)});
+  f.on("child", 1, {say("inline answer")});
+  std::optional<result<protocol::notification_id>> late;
+  f.observer->on_settling = [&](const session_id& s) -> boost::asio::awaitable<void> {
+    if (s.str() == "child") late = co_await f.host->background(s);
+  };
+  auto p = f.sync(f.host->create_session("parent", session_id("parent")));
+  REQUIRE(p);
+  REQUIRE(f.sync(f.host->prompt(*p, "start")));
+  f.quiet();
+  REQUIRE(late);
+  REQUIRE_FALSE(*late);
+  CHECK(late->error().code == errc::refused);
+  auto inl = f.agents->scripted->inline_results();
+  REQUIRE(inl.size() == 1);
+  CHECK(inl[0].find("inline answer") != std::string::npos);
+  CHECK(f.inbox("parent").empty());  // foreground: no outbox row, no report
+}
+
+TEST_CASE("a settle that runs after delivery cannot write the deleted row back") {
+  coordinator_fixture f("resurrect");
+  f.on("child", 1, {say("answer")});
+  f.parent_spawns("child");
+  f.quiet();
+  REQUIRE(f.inbox("parent").size() == 1);
+  // Find the job id the child reported under (its row is gone: completed).
+  SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
+  REQUIRE(db.execAndGet("SELECT count(*) FROM jobs").getInt() == 0);
+  persistence::settle_request late;
+  late.child = session_id("child");
+  late.background_job = protocol::job_id("job_that_was_delivered");
+  late.body = "stale";
+  auto r = f.sync(f.host->store().settle(late));
+  REQUIRE(r);
+  CHECK_FALSE(r->row_written);
+  CHECK(db.execAndGet("SELECT count(*) FROM jobs").getInt() == 0);
+}
+
+TEST_CASE("a job cancelled on its creation tick is reported once") {
+  coordinator_fixture f("creationtick");
+  auto parent = f.code("parent");
+  parent->fn = [](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
+    if (in.inputs.empty() || in.inputs.front().kind != "prompt") co_return;
+    actors::spawn_request req;
+    req.child = session_id("child");
+    req.description = "Audit routes";
+    req.prompt = "go";
+    auto c = co_await ctx.spawn_background(std::move(req));
+    if (c) ctx.cancel_child(*c);  // queued right behind the child's first wake
+  };
+  f.on("child", 1, {say("should never be said")});
+  auto p = f.sync(f.host->create_session("parent", session_id("parent")));
+  REQUIRE(p);
+  REQUIRE(f.sync(f.host->prompt(*p, "start")));
+  f.quiet();
+  auto inbox = f.inbox("parent");
+  REQUIRE(inbox.size() == 1);
+  CHECK(inbox[0].body.find("state=\"cancelled\"") != std::string::npos);
+  CHECK(f.observer->settled_of("child") == 1);
+}
+
+TEST_CASE("last_assistant_after pages back past 20 rows and skips errors and older periods") {
+  coordinator_fixture f("paging");
+  auto s = f.sync(f.host->create_session("s", session_id("s")));
+  REQUIRE(s);
+  auto& st = f.host->store();
+  REQUIRE(f.sync(st.append(*s, "assistant", "answer", "completed", "before the boundary")));  // 1
+  REQUIRE(f.sync(st.append(*s, "user", "prompt", "completed", "go")));                       // 2
+  REQUIRE(f.sync(st.append(*s, "assistant", "answer", "completed", "the answer")));          // 3
+  for (int i = 0; i < 45; ++i)
+    REQUIRE(f.sync(st.append(*s, i % 2 ? "user" : "assistant", "answer", i % 2 ? "completed" : "error",
+                             "noise " + std::to_string(i))));
+  auto a = st.last_assistant_after(*s, 2);
+  REQUIRE(a);
+  REQUIRE(*a);
+  CHECK((*a)->text == "the answer");
+  CHECK((*a)->seq == 3);
+  auto none = st.last_assistant_after(*s, 3);
+  REQUIRE(none);
+  CHECK_FALSE(*none);
+}
+
+TEST_CASE("graceful shutdown keeps the claim and the running row and sends no cancelled report") {
+  coordinator_fixture f("graceful");
+  auto child = f.code("child");
+  auto entered = runtime::one_shot<int>::make();
+  child->fn = [entered](agent_context&, drain_input) -> boost::asio::awaitable<void> {
+    entered->set(1);
+    boost::asio::steady_timer t(co_await boost::asio::this_coro::executor);
+    t.expires_at(boost::asio::steady_timer::time_point::max());
+    co_await t.async_wait(boost::asio::use_awaitable);
+  };
+  f.parent_spawns("child");
+  f.sync(entered->async_wait(boost::asio::use_awaitable));
+  f.close();
+  {
+    SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
+    CHECK(db.execAndGet("SELECT count(*) FROM jobs WHERE status = 'running'").getInt() == 1);
+    CHECK(db.execAndGet("SELECT time_suspended IS NOT NULL FROM sessions WHERE id = 'child'").getInt() == 1);
+    CHECK(db.execAndGet("SELECT count(*) FROM inbox").getInt() == 0);
+  }
+  // On restart the child resumes and reports its busy period once.
+  f.agents->code.erase("child");
+  f.on("child", 1, {say("finished after the restart")});
+  f.open();
+  f.quiet();
+  auto inbox = f.inbox("parent");
+  REQUIRE(inbox.size() == 1);
+  CHECK(inbox[0].body.find("state=\"completed\"") != std::string::npos);
+  CHECK(inbox[0].body.find("finished after the restart") != std::string::npos);
+}
+
+TEST_CASE("a child out of resume budget reports an error instead of running again") {
+  coordinator_fixture f("budget", /*resume_budget=*/1);
+  auto child = f.code("child");
+  std::atomic<int> runs{0};
+  auto entered = std::make_shared<std::shared_ptr<runtime::one_shot<int>>>(runtime::one_shot<int>::make());
+  child->fn = [&runs, entered](agent_context&, drain_input) -> boost::asio::awaitable<void> {
+    ++runs;
+    (*entered)->set(1);
+    boost::asio::steady_timer t(co_await boost::asio::this_coro::executor);
+    t.expires_at(boost::asio::steady_timer::time_point::max());
+    co_await t.async_wait(boost::asio::use_awaitable);
+  };
+  f.parent_spawns("child");
+  f.sync((*entered)->async_wait(boost::asio::use_awaitable));
+  f.close();
+  // First restart: within budget, the child runs again (and blocks again).
+  *entered = runtime::one_shot<int>::make();
+  f.open();
+  CHECK(f.boot.exhausted == 0);
+  f.sync((*entered)->async_wait(boost::asio::use_awaitable));
+  f.close();
+  // Second restart: the budget is spent; the job reports an error.
+  f.open();
+  f.quiet();
+  CHECK(f.boot.exhausted == 1);
+  CHECK(runs == 2);
+  auto inbox = f.inbox("parent");
+  REQUIRE(inbox.size() == 1);
+  CHECK(inbox[0].body.find("state=\"error\"") != std::string::npos);
+  CHECK(inbox[0].body.find("resume budget") != std::string::npos);
+}
+
+TEST_CASE("an owed report whose parent was deleted is cleared at boot with a warning") {
+  coordinator_fixture f("deletedparent");
+  auto child = f.code("child");
+  auto entered = runtime::one_shot<int>::make();
+  child->fn = [entered](agent_context&, drain_input) -> boost::asio::awaitable<void> {
+    entered->set(1);
+    boost::asio::steady_timer t(co_await boost::asio::this_coro::executor);
+    t.expires_at(boost::asio::steady_timer::time_point::max());
+    co_await t.async_wait(boost::asio::use_awaitable);
+  };
+  f.parent_spawns("child");
+  f.sync(entered->async_wait(boost::asio::use_awaitable));
+  f.close();
+  {
+    SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
+    db.exec("UPDATE jobs SET status = 'completed', body = 'owed' WHERE kind = 'subagent'");
+    db.exec("DELETE FROM sessions WHERE id = 'parent'");
+  }
+  f.agents->code.erase("child");
+  f.open();
+  f.quiet();
+  SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
+  CHECK(db.execAndGet("SELECT count(*) FROM jobs").getInt() == 0);
+  std::lock_guard lk(f.m);
+  bool warned = false;
+  for (auto& w : f.warnings) warned |= w.find("parent is gone") != std::string::npos || w.find("gone") != std::string::npos;
+  CHECK(warned);
+}
+
+TEST_CASE("boot refuses a job row that does not parse and leaves it in place") {
+  coordinator_fixture f("corrupt");
+  f.close();
+  {
+    SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
+    db.exec("INSERT INTO sessions (id, created_at) VALUES ('p', 0)");
+    db.exec("INSERT INTO jobs (id, notification_id, kind, mode, parent_id, status, body, payload, "
+            "created_at, updated_at) VALUES ('job_42', 'msg_42', 'subagent', 'background', 'p', "
+            "'completed', 'b', '{\"description\": ', 0, 0)");
+  }
+  actors::host_options o;
+  o.db_path = f.dir.file("tether.db");
+  o.agents = f.agents;
+  auto h = actors::host::open(o);
+  REQUIRE(h);
+  auto b = runtime::sync_wait((*h)->pool().at(0), (*h)->boot());
+  REQUIRE_FALSE(b);
+  CHECK(b.error().code == errc::corrupt);
+  CHECK(b.error().message.find("refusing to boot") != std::string::npos);
+  CHECK(b.error().message.find("table 'jobs' key 'job_42'") != std::string::npos);
+  CHECK(b.error().message.find("payload") != std::string::npos);
+  (*h)->shutdown();
+  SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
+  CHECK(db.execAndGet("SELECT count(*) FROM jobs WHERE id = 'job_42'").getInt() == 1);
+}
+
+TEST_CASE("boot refuses an unknown enum value naming table, key and field") {
+  coordinator_fixture f("badenum");
+  f.close();
+  {
+    SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
+    db.exec("INSERT INTO sessions (id, created_at) VALUES ('p', 0)");
+    db.exec("INSERT INTO jobs (id, notification_id, kind, mode, parent_id, status, body, payload, "
+            "created_at, updated_at) VALUES ('job_7', 'msg_7', 'subagent', 'background', 'p', "
+            "'exploded', 'b', '{}', 0, 0)");
+  }
+  actors::host_options o;
+  o.db_path = f.dir.file("tether.db");
+  o.agents = f.agents;
+  auto h = actors::host::open(o);
+  REQUIRE(h);
+  auto b = runtime::sync_wait((*h)->pool().at(0), (*h)->boot());
+  REQUIRE_FALSE(b);
+  CHECK(b.error().message.find("table 'jobs' key 'job_7': status: unknown value 'exploded'") !=
+        std::string::npos);
+  (*h)->shutdown();
+}
