@@ -1,18 +1,17 @@
 #include "tether/actors/scenario.hpp"
 
-#include "tether/actors/host.hpp"
-#include "tether/actors/scripted_agent.hpp"
-#include "tether/runtime/crash_point.hpp"
-
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/use_future.hpp>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/use_future.hpp>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
-#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -20,9 +19,10 @@
 #include <map>
 #include <set>
 #include <sstream>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
+
+#include "tether/actors/host.hpp"
+#include "tether/actors/scripted_agent.hpp"
+#include "tether/runtime/crash_point.hpp"
 
 namespace tether::actors::scenario {
 
@@ -39,7 +39,9 @@ struct word {
   bool quoted = false;
 };
 
-std::string show(const word& w) { return w.quoted ? "\"" + w.text + "\"" : "'" + w.text + "'"; }
+std::string show(const word& w) {
+  return w.quoted ? "\"" + w.text + "\"" : "'" + w.text + "'";
+}
 
 bool is_name(const std::string& s) {
   if (s.empty() || s[0] == '.' || s[0] == '-') return false;
@@ -79,10 +81,18 @@ result<std::vector<word>> split(const std::string& line, const std::string& wher
         if (i >= line.size()) break;
         char e = line[i++];
         switch (e) {
-          case 'n': w.text += '\n'; break;
-          case 't': w.text += '\t'; break;
-          case '"': w.text += '"'; break;
-          case '\\': w.text += '\\'; break;
+          case 'n':
+            w.text += '\n';
+            break;
+          case 't':
+            w.text += '\t';
+            break;
+          case '"':
+            w.text += '"';
+            break;
+          case '\\':
+            w.text += '\\';
+            break;
           default:
             return error{errc::invalid, where + "unknown escape '\\" + std::string(1, e) +
                                             "' in a quoted string (use \\n \\t \\\" \\\\)"};
@@ -114,9 +124,7 @@ class line_reader {
       : w_(std::move(w)), where_(std::move(where)), step_(std::move(step)) {}
 
   bool done() const { return i_ >= w_.size(); }
-  bool at(const char* keyword) const {
-    return !done() && !w_[i_].quoted && w_[i_].text == keyword;
-  }
+  bool at(const char* keyword) const { return !done() && !w_[i_].quoted && w_[i_].text == keyword; }
   const word& peek() const { return w_[i_]; }
   void skip() { ++i_; }
   void set_step(std::string s) { step_ = std::move(s); }
@@ -198,10 +206,9 @@ result<expectation::text_op> text_op(line_reader& r) {
 }
 
 const std::vector<const char*>& boot_fields() {
-  static const std::vector<const char*> f = {"delivered",        "cleared",  "kept",
-                                             "exhausted",        "resumed_top",
-                                             "resumed_children", "shells_reattached",
-                                             "shells_finished"};
+  static const std::vector<const char*> f = {
+      "delivered",        "cleared",           "kept",           "exhausted", "resumed_top",
+      "resumed_children", "shells_reattached", "shells_finished"};
   return f;
 }
 
@@ -287,8 +294,8 @@ result<expectation> parse_expect(line_reader& r) {
     auto pos = r.position("the inbox row");
     if (!pos) return pos.error();
     e.position = *pos;
-    auto check = r.keyword("an inbox check",
-                           {"contains", "lacks", "equals", "acked", "pending", "from"});
+    auto check =
+        r.keyword("an inbox check", {"contains", "lacks", "equals", "acked", "pending", "from"});
     if (!check) return check.error();
     if (*check == "acked" || *check == "pending") {
       e.what = k::inbox_state;
@@ -344,9 +351,9 @@ result<expectation> parse_expect(line_reader& r) {
           : *f == "mode" ? r.keyword("a job mode", {"background", "none"})
                          : r.name("the " + *f + " session");
       if (!v) return v.error();
-      (*f == "status" ? e.status
-       : *f == "kind" ? e.job_kind
-       : *f == "mode" ? e.mode
+      (*f == "status"   ? e.status
+       : *f == "kind"   ? e.job_kind
+       : *f == "mode"   ? e.mode
        : *f == "parent" ? e.parent
                         : e.child) = *v;
     }
@@ -380,8 +387,8 @@ result<expectation> parse_expect(line_reader& r) {
     auto s = r.name("the session name");
     if (!s) return s.error();
     e.session = *s;
-    auto what = r.keyword("a session check", {"idle", "busy", "claimed", "unclaimed", "notify",
-                                              "outcome", "resumes"});
+    auto what = r.keyword("a session check",
+                          {"idle", "busy", "claimed", "unclaimed", "notify", "outcome", "resumes"});
     if (!what) return what.error();
     if (*what == "notify") {
       e.what = k::session_notify;
@@ -456,9 +463,8 @@ result<void> check_names(script& s) {
   auto where = [&](int line) { return s.file + ":" + std::to_string(line) + ": "; };
   auto known = [&](int line, const std::string& n) -> result<void> {
     if (n.empty() || sessions.count(n)) return {};
-    return error{errc::invalid, where(line) + "session '" + n +
-                                    "' is never created (no 'session " + n +
-                                    "' step and no turn spawns it)"};
+    return error{errc::invalid, where(line) + "session '" + n + "' is never created (no 'session " +
+                                    n + "' step and no turn spawns it)"};
   };
   for (auto& t : s.turns) {
     if (auto r = known(t.line, t.session); !r) return r;
@@ -469,9 +475,8 @@ result<void> check_names(script& s) {
   for (std::size_t i = 0; i < s.steps.size(); ++i) {
     auto& st = s.steps[i];
     if (st.what == step::kind::wait_turn &&
-        std::none_of(s.turns.begin(), s.turns.end(), [&](const turn& t) {
-          return t.session == st.name && t.ordinal == st.code;
-        }))
+        std::none_of(s.turns.begin(), s.turns.end(),
+                     [&](const turn& t) { return t.session == st.name && t.ordinal == st.code; }))
       return error{errc::invalid, where(st.line) + "wait turn: session '" + st.name +
                                       "' has no turn for input " + std::to_string(st.code) +
                                       " (add `on " + st.name + " " + std::to_string(st.code) +
@@ -494,14 +499,15 @@ result<void> check_names(script& s) {
       for (; j < s.steps.size() && s.steps[j].what != step::kind::restart; ++j) {
         auto& in = s.steps[j];
         if (in.what == step::kind::expect || in.what == step::kind::crash)
-          return error{errc::invalid,
-                       where(in.line) + "'" + (in.what == step::kind::expect ? "expect" : "crash") +
-                           "' between 'crash at' (line " + std::to_string(st.line) +
-                           ") and 'restart': that host is expected to die; check after the restart"};
+          return error{
+              errc::invalid,
+              where(in.line) + "'" + (in.what == step::kind::expect ? "expect" : "crash") +
+                  "' between 'crash at' (line " + std::to_string(st.line) +
+                  ") and 'restart': that host is expected to die; check after the restart"};
       }
       if (j == s.steps.size())
-        return error{errc::invalid, where(st.line) + "'crash at " + st.text +
-                                        "' needs a 'restart' step after it"};
+        return error{errc::invalid,
+                     where(st.line) + "'crash at " + st.text + "' needs a 'restart' step after it"};
     }
   }
   return {};
@@ -523,7 +529,8 @@ result<script> parse(const std::string& text, const std::string& file) {
     if (!words) return words.error();
     if (words->empty()) continue;
     if ((*words)[0].quoted || (*words)[0].text == ";")
-      return error{errc::invalid, where + "a line starts with a step name, not " + show((*words)[0])};
+      return error{errc::invalid,
+                   where + "a line starts with a step name, not " + show((*words)[0])};
     std::string verb = (*words)[0].text;
     line_reader r(std::move(*words), where, verb);
     r.skip();
@@ -547,9 +554,9 @@ result<script> parse(const std::string& text, const std::string& file) {
       t.ordinal = static_cast<int>(k);
       r.skip();
       if (!colon) {
-        if (!r.at(":")) return r.done() ? r.missing("':' after the input ordinal")
-                                        : r.fail("expected ':' after the input ordinal, found " +
-                                                 show(r.peek()));
+        if (!r.at(":"))
+          return r.done() ? r.missing("':' after the input ordinal")
+                          : r.fail("expected ':' after the input ordinal, found " + show(r.peek()));
         r.skip();
       }
       if (!turn_keys.insert({t.session, t.ordinal}).second)
@@ -672,7 +679,8 @@ result<script> parse(const std::string& text, const std::string& file) {
 
 result<script> parse_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) return error{errc::not_found, "cannot read scenario '" + path + "': " + std::strerror(errno)};
+  if (!f)
+    return error{errc::not_found, "cannot read scenario '" + path + "': " + std::strerror(errno)};
   std::stringstream ss;
   ss << f.rdbuf();
   return parse(ss.str(), path);
@@ -689,14 +697,30 @@ script_action to_script_action(const action& a) {
   using k = script_action::kind;
   script_action s;
   switch (a.what) {
-    case action::kind::say: s.what = k::say; break;
-    case action::kind::fail: s.what = k::fail; break;
-    case action::kind::raise: s.what = k::raise; break;
-    case action::kind::shell: s.what = k::shell; break;
-    case action::kind::spawn: s.what = k::spawn; break;
-    case action::kind::wake_self: s.what = k::wake_self; break;
-    case action::kind::wait_cancel: s.what = k::wait_cancel; break;
-    case action::kind::interrupt: s.what = k::interrupt; break;
+    case action::kind::say:
+      s.what = k::say;
+      break;
+    case action::kind::fail:
+      s.what = k::fail;
+      break;
+    case action::kind::raise:
+      s.what = k::raise;
+      break;
+    case action::kind::shell:
+      s.what = k::shell;
+      break;
+    case action::kind::spawn:
+      s.what = k::spawn;
+      break;
+    case action::kind::wake_self:
+      s.what = k::wake_self;
+      break;
+    case action::kind::wait_cancel:
+      s.what = k::wait_cancel;
+      break;
+    case action::kind::interrupt:
+      s.what = k::interrupt;
+      break;
   }
   s.text = a.what == action::kind::shell ? "gate " + a.text : a.text;
   s.child = a.target;
@@ -737,7 +761,9 @@ awaitable<bool> quiescent(host* h, bool shells) {
 class runner {
  public:
   runner(const script& s, run_options o)
-      : s_(s), o_(std::move(o)), out_(o_.out ? *o_.out : std::cout),
+      : s_(s),
+        o_(std::move(o)),
+        out_(o_.out ? *o_.out : std::cout),
         agents_(std::make_shared<scripted_agents>()) {
     for (auto& t : s_.turns) {
       script_turn st;
@@ -959,14 +985,18 @@ class runner {
   bool open_gate(const step& st) {
     std::string out;
     for (char c : st.text) {
-      if (c == '\\') out += "\\\\";
-      else if (c == '\n') out += "\\n";
-      else out += c;
+      if (c == '\\')
+        out += "\\\\";
+      else if (c == '\n')
+        out += "\\n";
+      else
+        out += c;
     }
     std::string line = std::to_string(st.code) + " " + out + "\n";
     auto p = dir_ / "gates" / st.name;
     int fd = ::open(p.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return step_failed(st, "cannot open the gate " + p.string() + ": " + std::strerror(errno));
+    if (fd < 0)
+      return step_failed(st, "cannot open the gate " + p.string() + ": " + std::strerror(errno));
     auto n = ::write(fd, line.data(), line.size());
     ::close(fd);
     if (n != static_cast<ssize_t>(line.size()))
@@ -1001,9 +1031,12 @@ class runner {
 
   static bool compare(expectation::text_op op, const std::string& actual, const std::string& want) {
     switch (op) {
-      case expectation::text_op::contains: return actual.find(want) != std::string::npos;
-      case expectation::text_op::lacks: return actual.find(want) == std::string::npos;
-      case expectation::text_op::equals: return actual == want;
+      case expectation::text_op::contains:
+        return actual.find(want) != std::string::npos;
+      case expectation::text_op::lacks:
+        return actual.find(want) == std::string::npos;
+      case expectation::text_op::equals:
+        return actual == want;
     }
     return false;
   }
@@ -1093,8 +1126,9 @@ class runner {
         if (!ok)
           for (auto& j : *jobs)
             got += "\n          | " + j.id.str() + " " + j.kind + " " + j.mode + " " +
-                   std::string(to_string(j.status)) + " parent=" +
-                   (j.parent ? j.parent->str() : "-") + " child=" + (j.child ? j.child->str() : "-");
+                   std::string(to_string(j.status)) +
+                   " parent=" + (j.parent ? j.parent->str() : "-") +
+                   " child=" + (j.child ? j.child->str() : "-");
         return ok;
       }
       case k::inline_count:

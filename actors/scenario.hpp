@@ -8,8 +8,6 @@
 // fresh database in a scratch directory and prints each expectation with
 // ok/FAIL. A `crash at` step hands the host to another process (through
 // run_options::crash_segment) that runs until the crash point kills it.
-#include "tether/runtime/error.hpp"
-
 #include <chrono>
 #include <cstddef>
 #include <functional>
@@ -17,6 +15,8 @@
 #include <ostream>
 #include <string>
 #include <vector>
+
+#include "tether/runtime/error.hpp"
 
 namespace tether::actors::scenario {
 

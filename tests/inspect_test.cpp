@@ -1,15 +1,14 @@
 // `tether inspect DB [--json]`: what a database holds, read-only.
-#include "catch_result.hpp"
-#include "support.hpp"
-
-#include "tether/persistence/report_store.hpp"
-#include "tether/protocol/report.hpp"
-
 #include <SQLiteCpp/Database.h>
-#include <boost/json.hpp>
 
+#include <boost/json.hpp>
 #include <fstream>
 #include <sstream>
+
+#include "catch_result.hpp"
+#include "support.hpp"
+#include "tether/persistence/report_store.hpp"
+#include "tether/protocol/report.hpp"
 
 using namespace tether;
 using namespace tether::persistence;
@@ -53,9 +52,11 @@ job_row running_job(const std::string& id, const std::string& nid, const std::st
 }
 
 const std::string k_owed_body =
-    "<subagent sessionID=\"done\" state=\"completed\" description=\"done work\">\nAll done.\n</subagent>";
+    "<subagent sessionID=\"done\" state=\"completed\" description=\"done work\">\nAll "
+    "done.\n</subagent>";
 const std::string k_inbox_body =
-    "<subagent sessionID=\"worker\" state=\"completed\" description=\"worker work\">\nEarlier.\n</subagent>";
+    "<subagent sessionID=\"worker\" state=\"completed\" description=\"worker "
+    "work\">\nEarlier.\n</subagent>";
 
 // A database at rest with one of everything inspect shows: a busy child with
 // a claim, a resume and a running job; an idle child whose report is owed; a
@@ -162,8 +163,7 @@ TEST_CASE("inspect prints the same as text", "[inspect]") {
     CHECK(r.output.find(want) != std::string::npos);
 }
 
-TEST_CASE("inspect never writes: the database is byte-identical and never migrated",
-          "[inspect]") {
+TEST_CASE("inspect never writes: the database is byte-identical and never migrated", "[inspect]") {
   test::scratch_dir dir("inspect-ro");
   auto path = seed_database(dir);
   auto before = bytes_of(path);

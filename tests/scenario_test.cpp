@@ -1,14 +1,14 @@
 // Scenario files: every example in examples/scenarios/ holds when run through
 // the real `tether` binary, and a malformed file is refused with its line
 // number and the word that was wrong.
-#include "catch_result.hpp"
-#include "support.hpp"
-
 #include "tether/actors/scenario.hpp"
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+
+#include "catch_result.hpp"
+#include "support.hpp"
 
 using namespace tether;
 namespace fs = std::filesystem;
@@ -110,7 +110,8 @@ TEST_CASE("a crash step that never reaches its crash point fails", "[scenario]")
 TEST_CASE("a malformed scenario file is refused with exit 2, its line number and the word",
           "[scenario]") {
   test::scratch_dir dir("scenario-bad");
-  auto f = write_file(dir, "bad.scn", std::string(k_ok_prefix) + "\n# a comment\npromt parent \"x\"\n");
+  auto f =
+      write_file(dir, "bad.scn", std::string(k_ok_prefix) + "\n# a comment\npromt parent \"x\"\n");
   auto r = run_tether({"scenario", f});
   INFO(r.output);
   CHECK(r.exit_code == 2);
@@ -154,11 +155,13 @@ TEST_CASE("parse errors name the line and the field or word that was wrong", "[s
        "'expect' between 'crash at' (line 4) and 'restart'"},
       {"expect inbox parent count many\n", 4,
        "expect inbox: the row count 'many' is not a whole number"},
-      {"expect inbox parent 0 acked\n", 4, "expect inbox: the inbox row (a position from 1, or last) '0'"},
+      {"expect inbox parent 0 acked\n", 4,
+       "expect inbox: the inbox row (a position from 1, or last) '0'"},
       {"expect inbox parent 1 shiny\n", 4, "expect inbox: 'shiny' is not an inbox check"},
       {"expect jobs status done count 1\n", 4, "expect jobs: 'done' is not a job status"},
       {"expect jobs count 1 extra\n", 4, "unexpected 'extra' after the end of the step"},
-      {"expect session parent notify maybe\n", 4, "expect session: 'maybe' is not a notify setting"},
+      {"expect session parent notify maybe\n", 4,
+       "expect session: 'maybe' is not a notify setting"},
       {"expect boot rebooted 1\n", 4, "'rebooted' is not a boot field"},
       {"expect transcript parent answer is \"x\"\n", 4,
        "expect transcript: 'is' is not a text check (expected contains, lacks, equals)"},
@@ -176,13 +179,14 @@ TEST_CASE("parse errors name the line and the field or word that was wrong", "[s
 }
 
 TEST_CASE("a well-formed scenario parses into turns, steps and gates", "[scenario]") {
-  auto s = scn::parse(std::string(k_ok_prefix) +
-                          "on child 2: shell build; wake-self 2; interrupt parent;\n"
-                          "prompt parent \"a \\\"quoted\\\" word\\nand a line\"  # trailing comment\n"
-                          "shell build exits 3 \"three\"\n"
-                          "expect jobs status running child child count 0\n"
-                          "expect inbox parent last equals \"x\"\n",
-                      "ok.scn");
+  auto s =
+      scn::parse(std::string(k_ok_prefix) +
+                     "on child 2: shell build; wake-self 2; interrupt parent;\n"
+                     "prompt parent \"a \\\"quoted\\\" word\\nand a line\"  # trailing comment\n"
+                     "shell build exits 3 \"three\"\n"
+                     "expect jobs status running child child count 0\n"
+                     "expect inbox parent last equals \"x\"\n",
+                 "ok.scn");
   REQUIRE(s);
   REQUIRE(s->turns.size() == 3);
   CHECK(s->turns[2].actions.size() == 3);

@@ -1,14 +1,13 @@
 // `tether inspect DB [--json]`: what a tether database holds, read through a
 // read-only connection: sessions, owed reports (terminal job rows), job rows
 // and every session's inbox. Never creates, migrates or writes the file.
-#include "command.hpp"
-
-#include "tether/persistence/report_store.hpp"
-#include "tether/protocol/json.hpp"
-
 #include <algorithm>
 #include <iostream>
 #include <sstream>
+
+#include "command.hpp"
+#include "tether/persistence/report_store.hpp"
+#include "tether/protocol/json.hpp"
 
 namespace tether::cli {
 namespace {
@@ -46,9 +45,15 @@ result<snapshot> read_snapshot(const std::string& path) {
   return s;
 }
 
-std::string opt(const std::optional<protocol::session_id>& id) { return id ? id->str() : "-"; }
-std::string notify_word(const std::optional<bool>& n) { return !n ? "default" : *n ? "on" : "off"; }
-bool owed(const job_row& j) { return j.kind == "subagent" && j.status != job_status::running; }
+std::string opt(const std::optional<protocol::session_id>& id) {
+  return id ? id->str() : "-";
+}
+std::string notify_word(const std::optional<bool>& n) {
+  return !n ? "default" : *n ? "on" : "off";
+}
+bool owed(const job_row& j) {
+  return j.kind == "subagent" && j.status != job_status::running;
+}
 
 json::value opt_json(const std::optional<protocol::session_id>& id) {
   return id ? json::value(id->str()) : json::value(nullptr);
@@ -202,8 +207,8 @@ int inspect(const args& a) {
   return 0;
 }
 
-registrar inspect_cmd{{"inspect", "DB [--json]: sessions, owed reports, job rows and inboxes (read-only)",
-                       inspect}};
+registrar inspect_cmd{
+    {"inspect", "DB [--json]: sessions, owed reports, job rows and inboxes (read-only)", inspect}};
 
 }  // namespace
 }  // namespace tether::cli

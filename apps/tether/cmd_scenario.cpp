@@ -1,15 +1,15 @@
 // `tether scenario FILE`: runs a scenario file (docs/scenarios.md) against a
 // fresh database and prints each expectation with ok/FAIL. Exit status: 0 if
 // every expectation held, 1 if one failed, 2 for a malformed file or usage.
-#include "command.hpp"
-
-#include "tether/actors/scenario.hpp"
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
-#include <sys/wait.h>
-#include <unistd.h>
+
+#include "command.hpp"
+#include "tether/actors/scenario.hpp"
 
 namespace tether::cli {
 namespace {
@@ -48,7 +48,8 @@ bool parse_args(const args& a, options& o) {
       char* end = nullptr;
       long t = std::strtol(a[++i].c_str(), &end, 10);
       if (*end != '\0' || t < 1 || t > 3600) {
-        std::cerr << "tether scenario: --timeout '" << a[i] << "' is not a whole number of seconds (1..3600)\n";
+        std::cerr << "tether scenario: --timeout '" << a[i]
+                  << "' is not a whole number of seconds (1..3600)\n";
         return false;
       }
       o.timeout_s = static_cast<int>(t);
@@ -135,8 +136,9 @@ int scenario(const args& a) {
   return res.failed ? 1 : 0;
 }
 
-registrar scenario_cmd{{"scenario", "FILE: run a scenario file (docs/scenarios.md); exit 0 if every expectation held",
-                        scenario}};
+registrar scenario_cmd{
+    {"scenario", "FILE: run a scenario file (docs/scenarios.md); exit 0 if every expectation held",
+     scenario}};
 
 }  // namespace
 }  // namespace tether::cli
