@@ -1,6 +1,7 @@
 #include "tether/persistence/report_store.hpp"
 
 #include "tether/protocol/json.hpp"
+#include "tether/protocol/payloads.hpp"
 #include "tether/runtime/clock.hpp"
 
 #include <SQLiteCpp/Statement.h>
@@ -43,8 +44,8 @@ std::optional<std::string> opt_text(const SQLite::Column& c) {
   return c.getString();
 }
 
-std::string job_payload(const job_row& r) {
-  return protocol::to_text(json::object{{"description", r.description}});
+std::string job_payload_text(const job_row& r) {
+  return protocol::to_text(protocol::to_json(protocol::job_payload{r.description}));
 }
 
 // Appends one message inside the caller's transaction; returns its seq.
@@ -65,7 +66,7 @@ std::int64_t append_in_tx(SQLite::Database& db, const std::string& s, const std:
   ins.bind(3, role);
   ins.bind(4, kind);
   ins.bind(5, status);
-  ins.bind(6, protocol::to_text(json::object{{"text", text}}));
+  ins.bind(6, protocol::to_text(protocol::to_json(protocol::message_payload{text})));
   ins.exec();
   return seq;
 }
@@ -88,7 +89,7 @@ void insert_job(SQLite::Database& db, const job_row& r) {
     st.bind(9, *r.body);
   else
     st.bind(9);
-  st.bind(10, job_payload(r));
+  st.bind(10, job_payload_text(r));
   st.bind(11, now);
   st.bind(12, now);
   st.exec();
@@ -119,13 +120,11 @@ result<message_row> decode_message(const std::string& session, SQLite::Statement
   std::string key = session + "/" + std::to_string(m.seq);
   if (m.status != "completed" && m.status != "error")
     return corrupt("messages", key, "status: unknown value '" + m.status + "'");
-  auto v = protocol::parse_json(q.getColumn(4).getString());
-  if (!v) return corrupt("messages", key, "payload: " + v.error().describe());
-  auto f = protocol::fields::of(*v, "payload");
-  if (!f) return corrupt("messages", key, f.error().describe());
-  auto text = f->str("text");
-  if (!text) return corrupt("messages", key, text.error().describe());
-  m.text = std::move(*text);
+  auto p = protocol::decode_text<protocol::message_payload>(
+      q.getColumn(4).getString(), 
+      [](const json::value& v) { return protocol::message_payload_from_json(v); });
+  if (!p) return corrupt("messages", key, p.error().describe());
+  m.text = std::move(p->text);
   return m;
 }
 
@@ -179,13 +178,11 @@ result<job_row> decode_job(SQLite::Statement& q) {
   if (!known) return corrupt("jobs", key, "status: unknown value '" + status + "'");
   if (r.status != job_status::running && !r.body)
     return corrupt("jobs", key, "body: missing on a terminal row");
-  auto v = protocol::parse_json(q.getColumn(9).getString());
-  if (!v) return corrupt("jobs", key, "payload: " + v.error().describe());
-  auto f = protocol::fields::of(*v, "payload");
-  if (!f) return corrupt("jobs", key, f.error().describe());
-  auto d = f->str("description");
-  if (!d) return corrupt("jobs", key, d.error().describe());
-  r.description = std::move(*d);
+  auto p = protocol::decode_text<protocol::job_payload>(
+      q.getColumn(9).getString(), 
+      [](const json::value& v) { return protocol::job_payload_from_json(v); });
+  if (!p) return corrupt("jobs", key, p.error().describe());
+  r.description = std::move(p->description);
   return r;
 }
 

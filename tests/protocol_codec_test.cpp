@@ -67,3 +67,49 @@ TEST_CASE("a scope with a wrong field type yields an error naming the field") {
   auto notobj = parse_json("[1,2]");
   CHECK(scope_from_json(*notobj).error().problem.find("expected an object") != std::string::npos);
 }
+
+#include "tether/protocol/payloads.hpp"
+#include "tether/protocol/report.hpp"
+
+TEST_CASE("message and job payloads round-trip through JSON") {
+  message_payload m{"line one\nline \"two\" ü"};
+  auto mv = parse_json(to_text(to_json(m)));
+  REQUIRE(mv);
+  auto mb = message_payload_from_json(*mv);
+  REQUIRE(mb);
+  CHECK(*mb == m);
+  job_payload j{"Audit routes"};
+  auto jv = parse_json(to_text(to_json(j)));
+  REQUIRE(jv);
+  auto jb = job_payload_from_json(*jv);
+  REQUIRE(jb);
+  CHECK(*jb == j);
+}
+
+TEST_CASE("a payload with a missing or mistyped field names it") {
+  auto v = parse_json(R"({"txt": "x"})");
+  auto m = message_payload_from_json(*v);
+  REQUIRE_FALSE(m);
+  CHECK(m.error().describe() == "payload.text: missing");
+  auto w = parse_json(R"({"description": 3})");
+  auto j = job_payload_from_json(*w);
+  REQUIRE_FALSE(j);
+  CHECK(j.error().field == "payload.description");
+  auto t = decode_text<job_payload>("{\"description\": ", [](const json::value& v) { return job_payload_from_json(v); });
+  REQUIRE_FALSE(t);
+  CHECK(t.error().field == "payload");
+}
+
+TEST_CASE("report attributes are escaped and the body keeps the seed's format") {
+  auto r = render_report(session_id("ses_\"x\""), report_state::error, "a <b> & \"c\"",
+                         render_report_body("it broke", {{"shell", "sh_1", "bun test"},
+                                                         {"subagent", "explore, sessionID: ses_abc", "Audit routes"}}));
+  CHECK(r ==
+        "<subagent sessionID=\"ses_&quot;x&quot;\" state=\"error\" description=\"a &lt;b&gt; &amp; "
+        "&quot;c&quot;\">\n"
+        "it broke\n"
+        "Background work still running:\n"
+        "- shell (sh_1): bun test\n"
+        "- subagent (explore, sessionID: ses_abc): Audit routes\n"
+        "</subagent>");
+}
