@@ -748,7 +748,10 @@ std::string describe_status(int status) {
   if (WIFEXITED(status)) {
     int c = WEXITSTATUS(status);
     if (c == 0) return "it ran every step and the crash point was never reached";
-    return "it exited with status " + std::to_string(c) + (c == 1 ? " (a step failed)" : "");
+    return "it exited with status " + std::to_string(c) +
+           (c == 1     ? " (a step failed)"
+            : c == 127 ? " (the crash process could not be started)"
+                       : "");
   }
   return "wait status " + std::to_string(status);
 }

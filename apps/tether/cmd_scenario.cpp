@@ -72,7 +72,10 @@ int start_crash_segment(const options& o, std::size_t step, const std::string& p
   pid_t pid = ::fork();
   if (pid == 0) {
     ::setenv("TETHER_CRASH_AT", point.c_str(), 1);
-    std::string self = self_dir() + "/tether";
+    // The running binary itself, whatever it is called.
+    std::error_code ec;
+    std::string self = fs::read_symlink("/proc/self/exe", ec).string();
+    if (ec) self = self_dir() + "/tether";
     std::string step_s = std::to_string(step), timeout_s = std::to_string(o.timeout_s);
     ::execl(self.c_str(), self.c_str(), "scenario", "--crash-segment", step_s.c_str(),
             o.dir.c_str(), o.file.c_str(), "--timeout", timeout_s.c_str(),
