@@ -1,0 +1,540 @@
+// bench_settle: end-to-end durable reports per second through the real host
+// (a busy period settles -> its settle commits -> the parent admits the
+// report), WAL and synchronous=FULL, with group commit next to the same run
+// with one transaction per settle ("one_tx_per_settle": host_options.max_batch
+// = 1, so every writer request, each settle included, commits alone), in the
+// same binary and on the same disk.
+//
+// Figures: "group_commit" is the shape, one parent x 1,000 children x
+// up to 20 busy periods; "group_commit_100_parents" is the same 1,000
+// children under 100 parents (a parent admits its reports one at a time, so
+// the fan-in decides how much a transaction can carry); the ratios are of
+// reports/s against one_tx_per_settle.
+//
+// A run: P parents, each spawning C background children, each child then
+// having up to M busy periods, so up to P*C*M reports.
+//   Phase 1 (spawn): every parent is prompted; its turn spawns its children in
+//     the background (one after the other, as a model's tool calls would);
+//     each child answers and its first busy period settles into a background
+//     report. A parent stops spawning at the phase's deadline.
+//   Phase 2 (settle): one driver per child prompts it again and again, each
+//     time after it is idle (its settle and delivery done), so all children
+//     settle side by side; each busy period ends in a none-mode report. A
+//     driver starts no busy period after the phase's deadline, so a slow disk
+//     shortens a run instead of stretching it; what was started still counts.
+// The clock runs from the first prompt to quiescence (each parent has drained
+// and acknowledged its inbox). Children are scripted agents. A parent's agent
+// spawns on its prompt and takes no turn on a report; it still drains and
+// acknowledges its inbox, which is part of the real path. It is not a scripted
+// agent because a scripted agent counts its inputs (a count(*) over its
+// transcript) on every input: on a parent receiving 20,000 reports that is a
+// quadratic cost of the test agent, not of the runtime.
+//
+// Latency: from the settling hook (before the busy period is classified and
+// its settle written) to the admitted hook (after the parent's admit
+// committed), through host_options.observer. Also from just before the
+// prompt of a phase-2 busy period to the inbox row's admitted_at (wall ms).
+// cpu_us_per_report is the process CPU time over the run per report (the
+// goal of 50,000 reports/s on 2 cores leaves 40 us). raw_sqlite_one_tx is a
+// plain SQLite connection committing one report-sized row per transaction,
+// measured here before and after, to show what the disk did meanwhile.
+// reports_per_parent_drain: how many reports one acknowledgement of a
+// parent's inbox (take_inbox, one writer request) carried.
+//
+// Checks, per run: the parent's inbox holds each (child, busy period) that ran
+// exactly once, acknowledged and once in its transcript; the admitted hook
+// fired once per row; the outbox (jobs table) is empty; no commit failed.
+// Prints "ok" 1 or 0 (and exits 1 unless ok).
+#include <SQLiteCpp/Database.h>
+#include <SQLiteCpp/Statement.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "support.hpp"
+#include "tether/actors/host.hpp"
+#include "tether/actors/scripted_agent.hpp"
+#include "tether/runtime/clock.hpp"
+#include "tether/runtime/sync_wait.hpp"
+
+namespace {
+
+using namespace tether;
+namespace asio = boost::asio;
+namespace bench = tether::bench;
+using actors::script_action;
+using actors::script_turn;
+using asio::awaitable;
+using bench::clock;
+using protocol::notification_id;
+using protocol::session_id;
+
+constexpr char k_bench[] = "bench_settle";
+constexpr std::size_t k_threads = 2;
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "bench_settle: %s\n", what.c_str());
+  std::exit(1);
+}
+
+double cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+clock::time_point after(double seconds) {
+  return clock::now() +
+         std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+struct shape {
+  std::size_t parents = 1;
+  std::size_t children = 1000;  // per parent
+  int periods = 20;             // busy periods per child, at most
+  std::size_t max_batch = 1024;
+  double spawn_budget = 10;  // seconds: no spawn after this
+  double settle_budget = 8;  // seconds: no phase-2 busy period starts after this
+};
+
+std::string parent_name(std::size_t p) {
+  return "ses_parent" + std::to_string(p);
+}
+std::string child_name(std::size_t p, std::size_t c) {
+  return "ses_p" + std::to_string(p) + "_c" + std::to_string(c);
+}
+std::string marker(int period) {
+  return "[period " + std::to_string(period) + "]";
+}
+
+// What the parents spawned, and until when they may.
+struct spawn_state {
+  explicit spawn_state(std::size_t parents) : spawned(parents) {}
+  std::vector<std::atomic<std::size_t>> spawned;  // per parent: children 0..n-1 exist
+  std::atomic<std::size_t> parent_drains{0};
+  std::atomic<clock::rep> deadline{clock::time_point::max().time_since_epoch().count()};
+  bool open() const { return clock::now().time_since_epoch().count() < deadline.load(); }
+};
+
+// A parent: on a prompt it spawns its children in the background, until the
+// deadline; a report gets no turn.
+class parent_agent : public actors::agent {
+ public:
+  parent_agent(std::size_t index, std::size_t children, spawn_state* st)
+      : index_(index), children_(children), st_(st) {}
+
+  awaitable<void> drain(actors::agent_context& ctx, actors::drain_input in) override {
+    ++st_->parent_drains;
+    for (auto& m : in.inputs) {
+      if (m.kind != "prompt") continue;
+      for (std::size_t c = 0; c < children_ && st_->open(); ++c) {
+        actors::spawn_request req;
+        req.child = session_id(child_name(index_, c));
+        req.description = "bench child " + std::to_string(c);
+        req.prompt = "start " + marker(1);
+        auto r = co_await ctx.spawn_background(std::move(req));
+        if (!r) throw error_exception(r.error());
+        st_->spawned[index_].store(c + 1);
+      }
+    }
+  }
+
+ private:
+  std::size_t index_;
+  std::size_t children_;
+  spawn_state* st_;
+};
+
+class bench_agents : public actors::agent_factory {
+ public:
+  bench_agents(const shape& s, spawn_state* st)
+      : scripted_(std::make_shared<actors::scripted_agents>()), st_(st) {
+    for (std::size_t p = 0; p < s.parents; ++p) {
+      parents_[parent_name(p)] = {p, s.children};
+      for (std::size_t c = 0; c < s.children; ++c) {
+        auto name = child_name(p, c);
+        for (int i = 1; i <= s.periods; ++i) {
+          script_action say{script_action::kind::say, name + " answers " + marker(i)};
+          scripted_->on_input(session_id(name), i, script_turn{{say}});
+        }
+      }
+    }
+  }
+
+  std::shared_ptr<actors::agent> make(const persistence::session_row& row) override {
+    auto it = parents_.find(row.id.str());
+    if (it != parents_.end())
+      return std::make_shared<parent_agent>(it->second.first, it->second.second, st_);
+    return scripted_->make(row);
+  }
+
+ private:
+  std::shared_ptr<actors::scripted_agents> scripted_;
+  spawn_state* st_;
+  std::map<std::string, std::pair<std::size_t, std::size_t>> parents_;  // name -> index, children
+};
+
+// Settle-to-admit latency of every report, through the run hooks.
+class latency_observer : public actors::run_observer {
+ public:
+  void started(const session_id& s, std::int64_t) override {
+    if (s.str().rfind("ses_parent", 0) == 0) ++parent_busy_periods_;
+  }
+  awaitable<void> settling(const session_id& s) override {
+    auto now = clock::now();
+    {
+      std::lock_guard lk(m_);
+      settling_[s.str()] = now;
+    }
+    co_return;
+  }
+  void settled(const session_id& s, std::optional<notification_id> report) override {
+    if (!report) return;
+    std::lock_guard lk(m_);
+    owed_[report->str()] = settling_[s.str()];
+  }
+  void admitted(const session_id&, const notification_id& report) override {
+    auto now = clock::now();
+    std::lock_guard lk(m_);
+    ++admitted_;
+    auto it = owed_.find(report.str());
+    if (it == owed_.end()) return;  // not settled in this run (boot)
+    latency_ms_.push_back(std::chrono::duration<double, std::milli>(now - it->second).count());
+    owed_.erase(it);
+  }
+  std::size_t admitted_count() {
+    std::lock_guard lk(m_);
+    return admitted_;
+  }
+  std::size_t parent_busy_periods() const { return parent_busy_periods_.load(); }
+  std::vector<double> latencies() {
+    std::lock_guard lk(m_);
+    return latency_ms_;
+  }
+
+ private:
+  std::mutex m_;
+  std::unordered_map<std::string, clock::time_point> settling_;  // session -> its last settling
+  std::unordered_map<std::string, clock::time_point> owed_;      // report -> its settling
+  std::vector<double> latency_ms_;
+  std::size_t admitted_ = 0;
+  std::atomic<std::size_t> parent_busy_periods_{0};
+};
+
+struct outcome {
+  std::size_t reports = 0;
+  std::size_t spawned = 0;
+  double spawn_seconds = 0;   // phase 1
+  double settle_seconds = 0;  // phase 2
+  double cpu = 0;             // process CPU seconds over both phases
+  std::size_t parent_busy_periods = 0;
+  std::size_t parent_drains = 0;  // each one acknowledges the inbox (take_inbox)
+  std::vector<double> settle_to_admit_ms;
+  std::vector<double> prompt_to_admit_ms;
+  persistence::writer_stats stats;
+  bool ok = false;
+  double seconds() const { return spawn_seconds + settle_seconds; }
+  double rate() const { return static_cast<double>(reports) / seconds(); }
+};
+
+template <class T>
+T sync(actors::host& h, awaitable<T> a) {
+  return runtime::sync_wait(h.pool().at(0), std::move(a));
+}
+
+// Prompts one child until it had `periods` busy periods or the deadline
+// passed, each time after the last busy period settled and was delivered.
+awaitable<void> drive_child(actors::host* h, session_id child, int periods,
+                            clock::time_point deadline, std::int64_t* submitted_ms, int* done) {
+  for (int i = 2; i <= periods && clock::now() < deadline; ++i) {
+    submitted_ms[i] = runtime::now_ms();
+    std::string text = "go on " + marker(i);
+    auto p = co_await h->prompt(child, std::move(text));
+    if (!p) die("prompt to " + child.str() + " failed: " + p.error().message);
+    *done = i;
+    auto w = co_await h->wait_idle(child);
+    if (!w) die("wait_idle of " + child.str() + " failed: " + w.error().message);
+  }
+}
+
+struct drivers {
+  std::vector<std::vector<std::int64_t>> submitted_ms;  // per child, per period
+  std::vector<int> done;                                // per child: last period run
+};
+
+awaitable<void> drive_all(actors::host* h, const shape* s, const spawn_state* st, drivers* d) {
+  std::size_t n = 0;
+  for (std::size_t p = 0; p < s->parents; ++p) n += st->spawned[p].load();
+  auto all_done = runtime::one_shot<int>::make();
+  auto left = std::make_shared<std::atomic<std::size_t>>(n + 1);
+  auto finish = [left, all_done](std::exception_ptr e) {
+    if (e) die("a driver threw: " + runtime::detail::describe(e));
+    if (--*left == 0) all_done->set(0);
+  };
+  auto deadline = after(s->settle_budget);
+  for (std::size_t p = 0; p < s->parents; ++p)
+    for (std::size_t c = 0; c < st->spawned[p].load(); ++c) {
+      std::size_t k = p * s->children + c;
+      auto task = drive_child(h, session_id(child_name(p, c)), s->periods, deadline,
+                              d->submitted_ms[k].data(), &d->done[k]);
+      asio::co_spawn(h->pool().next(), std::move(task), finish);
+    }
+  finish(nullptr);
+  co_await all_done->async_wait(asio::use_awaitable);
+  co_await h->wait_quiescent(false);
+}
+
+awaitable<void> prompt_parents(actors::host* h, const shape* s) {
+  for (std::size_t p = 0; p < s->parents; ++p) {
+    session_id parent(parent_name(p));
+    std::string text = "spawn your children";
+    auto r = co_await h->prompt(parent, std::move(text));
+    if (!r) die("prompting a parent failed: " + r.error().message);
+  }
+  co_await h->wait_quiescent(false);
+}
+
+// Every busy period that ran is exactly once in its parent's inbox,
+// acknowledged and once in the transcript; the outbox is empty.
+bool check(const std::string& path, const shape& s, const spawn_state& st, const drivers& d,
+           std::size_t admitted_hooks, outcome& o) {
+  SQLite::Database db(path, SQLite::OPEN_READONLY);
+  bool ok = true;
+  auto fail = [&](const std::string& what) {
+    std::fprintf(stderr, "bench_settle: check failed: %s\n", what.c_str());
+    ok = false;
+  };
+  auto jobs = db.execAndGet("SELECT count(*) FROM jobs").getInt64();
+  if (jobs != 0) fail(std::to_string(jobs) + " job rows left in the outbox");
+  std::size_t total = 0, expected = 0;
+  for (std::size_t p = 0; p < s.parents; ++p) {
+    std::string parent = parent_name(p);
+    std::size_t spawned = st.spawned[p].load();
+    std::map<std::string, std::size_t> index;  // child name -> driver index
+    std::size_t want = 0;
+    for (std::size_t c = 0; c < spawned; ++c) {
+      index[child_name(p, c)] = p * s.children + c;
+      want += static_cast<std::size_t>(d.done[p * s.children + c]);
+    }
+    std::set<std::pair<std::size_t, int>> seen;
+    SQLite::Statement q(db,
+                        "SELECT from_session, body, state, admitted_at FROM inbox "
+                        "WHERE session_id = ?");
+    q.bind(1, parent);
+    while (q.executeStep()) {
+      ++total;
+      std::string from = q.getColumn(0).getString();
+      std::string body = q.getColumn(1).getString();
+      auto at = body.find("[period ");
+      auto it = index.find(from);
+      if (it == index.end() || at == std::string::npos) {
+        fail("an inbox row of " + parent + " from '" + from + "' is not one of ours");
+        continue;
+      }
+      int period = std::atoi(body.c_str() + at + 8);
+      if (period < 1 || period > d.done[it->second])
+        fail("report " + from + " " + marker(period) + " is of a busy period that never ran");
+      else if (!seen.insert({it->second, period}).second)
+        fail("report " + from + " " + marker(period) + " admitted twice");
+      if (q.getColumn(2).getString() != "acked")
+        fail("report " + from + " " + marker(period) + " not acknowledged");
+      if (period >= 2 && period <= d.done[it->second])
+        o.prompt_to_admit_ms.push_back(
+            static_cast<double>(q.getColumn(3).getInt64() - d.submitted_ms[it->second][period]));
+    }
+    if (seen.size() != want)
+      fail(parent + " has " + std::to_string(seen.size()) + " distinct reports, expected " +
+           std::to_string(want));
+    SQLite::Statement t(db,
+                        "SELECT count(*) FROM messages WHERE session_id = ? AND kind = 'report'");
+    t.bind(1, parent);
+    t.executeStep();
+    if (static_cast<std::size_t>(t.getColumn(0).getInt64()) != seen.size())
+      fail(parent + "'s transcript holds " + std::to_string(t.getColumn(0).getInt64()) +
+           " reports, its inbox " + std::to_string(seen.size()));
+    expected += want;
+    o.spawned += spawned;
+  }
+  o.reports = total;
+  if (total != expected)
+    fail(std::to_string(total) + " inbox rows, expected " + std::to_string(expected));
+  if (admitted_hooks != total)
+    fail("the admitted hook fired " + std::to_string(admitted_hooks) + " times for " +
+         std::to_string(total) + " inbox rows");
+  return ok;
+}
+
+outcome run(const std::string& dir, const std::string& tag, const shape& s) {
+  std::string path = dir + "/" + tag + ".db";
+  spawn_state st(s.parents);
+  auto observer = std::make_shared<latency_observer>();
+  actors::host_options opts;
+  opts.db_path = path;
+  opts.sync = persistence::sync_mode::full;
+  opts.max_batch = s.max_batch;
+  opts.threads = k_threads;
+  opts.agents = std::make_shared<bench_agents>(s, &st);
+  opts.observer = observer;
+  opts.log = [](const std::string& w) {
+    std::fprintf(stderr, "bench_settle: host: %s\n", w.c_str());
+  };
+  auto h = actors::host::open(opts);
+  if (!h) die("host::open failed: " + h.error().message);
+  auto& host = **h;
+  if (auto b = sync(host, host.boot()); !b) die("boot failed: " + b.error().message);
+  for (std::size_t p = 0; p < s.parents; ++p) {
+    auto r = sync(host, host.create_session("bench parent", session_id(parent_name(p))));
+    if (!r) die("create_session failed: " + r.error().message);
+  }
+  drivers d;
+  d.submitted_ms.assign(s.parents * s.children,
+                        std::vector<std::int64_t>(static_cast<std::size_t>(s.periods) + 1));
+  d.done.assign(s.parents * s.children, 1);
+  auto before = host.store().db_writer().stats();
+
+  outcome o;
+  double cpu0 = cpu_seconds();
+  auto t0 = clock::now();
+  st.deadline = after(s.spawn_budget).time_since_epoch().count();
+  sync(host, prompt_parents(&host, &s));
+  o.spawn_seconds = bench::seconds_since(t0);
+  auto t1 = clock::now();
+  sync(host, drive_all(&host, &s, &st, &d));
+  o.settle_seconds = bench::seconds_since(t1);
+  o.cpu = cpu_seconds() - cpu0;
+
+  auto after_stats = host.store().db_writer().stats();
+  o.stats.transactions = after_stats.transactions - before.transactions;
+  o.stats.requests = after_stats.requests - before.requests;
+  o.stats.failed_commits = after_stats.failed_commits - before.failed_commits;
+  host.shutdown();
+  h->reset();
+  o.settle_to_admit_ms = observer->latencies();
+  o.parent_busy_periods = observer->parent_busy_periods();
+  o.parent_drains = st.parent_drains.load();
+  o.ok = check(path, s, st, d, observer->admitted_count(), o) && o.stats.failed_commits == 0;
+  return o;
+}
+
+void emit_run(const std::string& f, const shape& s, outcome& o) {
+  bench::emit(k_bench, f, o.rate(), "reports/s");
+  bench::emit(k_bench, f + "_reports", static_cast<double>(o.reports), "reports");
+  bench::emit(k_bench, f + "_children", static_cast<double>(o.spawned), "children");
+  bench::emit(k_bench, f + "_parents", static_cast<double>(s.parents), "parents");
+  bench::emit(k_bench, f + "_seconds", o.seconds(), "s");
+  bench::emit(k_bench, f + "_spawn_phase_seconds", o.spawn_seconds, "s");
+  bench::emit(k_bench, f + "_settle_phase",
+              static_cast<double>(o.reports - o.spawned) / o.settle_seconds, "reports/s");
+  bench::emit(k_bench, f + "_p50", bench::percentile(o.settle_to_admit_ms, 50), "ms");
+  bench::emit(k_bench, f + "_p99", bench::percentile(o.settle_to_admit_ms, 99), "ms");
+  bench::emit(k_bench, f + "_prompt_to_admit_p50", bench::percentile(o.prompt_to_admit_ms, 50),
+              "ms");
+  bench::emit(k_bench, f + "_prompt_to_admit_p99", bench::percentile(o.prompt_to_admit_ms, 99),
+              "ms");
+  bench::emit(k_bench, f + "_cpu_us_per_report",
+              o.cpu * 1e6 / static_cast<double>(std::max<std::size_t>(1, o.reports)), "us");
+  bench::emit(k_bench, f + "_reports_per_parent_busy_period",
+              static_cast<double>(o.reports) /
+                  static_cast<double>(std::max<std::size_t>(1, o.parent_busy_periods)),
+              "reports/busy period");
+  bench::emit(k_bench, f + "_reports_per_parent_drain",
+              static_cast<double>(o.reports) /
+                  static_cast<double>(std::max<std::size_t>(1, o.parent_drains)),
+              "reports/drain");
+  bench::emit(k_bench, f + "_transactions", static_cast<double>(o.stats.transactions),
+              "transactions");
+  bench::emit(k_bench, f + "_transactions_per_s",
+              static_cast<double>(o.stats.transactions) / o.seconds(), "transactions/s");
+  bench::emit(k_bench, f + "_requests_per_report",
+              static_cast<double>(o.stats.requests) /
+                  static_cast<double>(std::max<std::size_t>(1, o.reports)),
+              "requests/report");
+  bench::emit(k_bench, f + "_requests_per_transaction",
+              static_cast<double>(o.stats.requests) /
+                  static_cast<double>(std::max<std::uint64_t>(1, o.stats.transactions)),
+              "requests/transaction");
+  bench::emit(k_bench, f + "_ok", o.ok ? 1 : 0, "bool");
+}
+
+// One report-sized row per transaction on a plain connection, for `seconds`.
+double raw_sqlite_one_tx(const std::string& path, double seconds) {
+  SQLite::Database db(path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+  db.exec("PRAGMA journal_mode = WAL");
+  db.exec("PRAGMA synchronous = FULL");
+  db.exec("CREATE TABLE IF NOT EXISTS r(nid TEXT PRIMARY KEY, body TEXT NOT NULL)");
+  SQLite::Statement ins(db, "INSERT INTO r(nid, body) VALUES (?, ?)");
+  std::string body(160, 'r');
+  std::size_t n = 0;
+  auto t0 = clock::now();
+  auto deadline = after(seconds);
+  static std::size_t serial = 0;
+  while (clock::now() < deadline) {
+    db.exec("BEGIN");
+    ins.reset();
+    ins.bind(1, "msg_" + std::to_string(++serial));
+    ins.bind(2, body);
+    ins.exec();
+    db.exec("COMMIT");
+    ++n;
+  }
+  return static_cast<double>(n) / bench::seconds_since(t0);
+}
+
+std::string make_temp_dir() {
+  std::string tmpl =
+      (std::filesystem::temp_directory_path() / "tether-bench-settle-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) die("cannot create a temp dir under /tmp");
+  return tmpl;
+}
+
+}  // namespace
+
+// Usage: bench_settle                 the figures (about a minute)
+//        bench_settle P C M [BATCH]   one run of P parents x C children x M periods
+int main(int argc, char** argv) {
+  std::string dir = make_temp_dir();
+  bool ok = true;
+  if (argc >= 4) {
+    shape s;
+    s.parents = std::strtoul(argv[1], nullptr, 10);
+    s.children = std::strtoul(argv[2], nullptr, 10);
+    s.periods = std::atoi(argv[3]);
+    if (argc >= 5) s.max_batch = std::strtoul(argv[4], nullptr, 10);
+    s.spawn_budget = s.settle_budget = 1e9;
+    auto o = run(dir, "custom", s);
+    emit_run("custom", s, o);
+    ok = o.ok;
+  } else {
+    std::string raw = dir + "/raw.db";
+    bench::emit(k_bench, "raw_sqlite_one_tx_before", raw_sqlite_one_tx(raw, 1.0), "commits/s");
+    shape group;           // 1 parent x 1000 children x 20 busy periods
+    shape one_tx = group;  // every writer request (so every settle) commits alone
+    one_tx.max_batch = 1;
+    one_tx.spawn_budget = 6;
+    one_tx.settle_budget = 6;
+    shape spread = group;  // the same 1000 children under 100 parents
+    spread.parents = 100;
+    spread.children = 10;
+    auto g = run(dir, "group_commit", group);
+    auto b = run(dir, "one_tx_per_settle", one_tx);
+    auto sp = run(dir, "group_commit_100_parents", spread);
+    emit_run("group_commit", group, g);
+    emit_run("one_tx_per_settle", one_tx, b);
+    emit_run("group_commit_100_parents", spread, sp);
+    bench::emit(k_bench, "group_commit_ratio", g.rate() / b.rate(), "group/one_tx_per_settle");
+    bench::emit(k_bench, "group_commit_100_parents_ratio", sp.rate() / b.rate(),
+                "group/one_tx_per_settle");
+    bench::emit(k_bench, "raw_sqlite_one_tx_after", raw_sqlite_one_tx(raw, 1.0), "commits/s");
+    ok = g.ok && b.ok && sp.ok;
+  }
+  bench::emit(k_bench, "ok", ok ? 1 : 0, "bool");
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return ok ? 0 : 1;
+}
