@@ -69,7 +69,9 @@ awaitable<void> drive(std::string socket, std::string cwd, int jobs, samples& ou
     std::exit(1);
   }
   auto& client = **c;
-  std::vector<std::pair<std::string, std::string>> env = {{"PATH", "/usr/local/bin:/usr/bin:/bin"}};
+  // The same environment the raw baseline's bash gets (without HOME, bash
+  // looks the user up through NSS on every start).
+  auto env = actors::current_environment();
   auto one = [&](const std::string& cmd) -> awaitable<double> {
     auto t0 = bench::clock::now();
     wire::exec_req r;
