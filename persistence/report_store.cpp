@@ -52,14 +52,13 @@ std::string job_payload_text(const job_row& r) {
 std::int64_t append_in_tx(SQLite::Database& db, const std::string& s, const std::string& role,
                           const std::string& kind, const std::string& status,
                           const std::string& text) {
-  SQLite::Statement up(db, "UPDATE sessions SET seq = seq + 1 WHERE id = ? RETURNING seq");
+  auto& up = cached_statement(db, "UPDATE sessions SET seq = seq + 1 WHERE id = ? RETURNING seq");
   up.bind(1, s);
   if (!up.executeStep())
     throw std::runtime_error("session '" + s + "' does not exist; no message appended");
   std::int64_t seq = up.getColumn(0).getInt64();
   up.reset();
-  SQLite::Statement ins(db,
-                        "INSERT INTO messages (session_id, seq, role, kind, status, payload) "
+  auto& ins = cached_statement(db, "INSERT INTO messages (session_id, seq, role, kind, status, payload) "
                         "VALUES (?, ?, ?, ?, ?, ?)");
   ins.bind(1, s);
   ins.bind(2, seq);
@@ -72,8 +71,7 @@ std::int64_t append_in_tx(SQLite::Database& db, const std::string& s, const std:
 }
 
 void insert_job(SQLite::Database& db, const job_row& r) {
-  SQLite::Statement st(db,
-                       "INSERT INTO jobs (id, notification_id, kind, mode, parent_id, child_id, "
+  auto& st = cached_statement(db, "INSERT INTO jobs (id, notification_id, kind, mode, parent_id, child_id, "
                        "generation, status, body, payload, created_at, updated_at) "
                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
   auto now = now_ms();
@@ -96,8 +94,7 @@ void insert_job(SQLite::Database& db, const job_row& r) {
 }
 
 void insert_session(SQLite::Database& db, const session_row& r) {
-  SQLite::Statement st(db,
-                       "INSERT INTO sessions (id, parent_id, parent_notify, description, agent, "
+  auto& st = cached_statement(db, "INSERT INTO sessions (id, parent_id, parent_notify, description, agent, "
                        "status, created_at) VALUES (?, ?, ?, ?, ?, 'idle', ?)");
   st.bind(1, r.id.str());
   bind_opt(st, 2, r.parent);
@@ -215,8 +212,7 @@ awaitable<result<std::int64_t>> report_store::append(session_id s, std::string r
 awaitable<result<void>> report_store::begin_busy(session_id s) {
   auto name = "begin busy period of " + s.str();
   auto fn = [s = std::move(s)](SQLite::Database& db) {
-    SQLite::Statement st(db,
-                         "UPDATE sessions SET status = 'busy', "
+    auto& st = cached_statement(db, "UPDATE sessions SET status = 'busy', "
                          "time_suspended = coalesce(time_suspended, ?) WHERE id = ?");
     st.bind(1, now_ms());
     st.bind(2, s.str());
@@ -235,7 +231,7 @@ awaitable<result<std::int64_t>> report_store::spawn(std::optional<session_row> c
        job = std::move(job), notify_update](SQLite::Database& db) {
         if (create) insert_session(db, *create);
         if (notify_update) {
-          SQLite::Statement st(db, "UPDATE sessions SET parent_notify = ? WHERE id = ?");
+          auto& st = cached_statement(db, "UPDATE sessions SET parent_notify = ? WHERE id = ?");
           st.bind(1, *notify_update ? 1 : 0);
           st.bind(2, child.str());
           st.exec();
@@ -253,8 +249,7 @@ awaitable<result<settle_result>> report_store::settle(settle_request req) {
   auto fn = [req = std::move(req)](SQLite::Database& db) {
     settle_result out;
     auto now = now_ms();
-    SQLite::Statement idle(db,
-                           "UPDATE sessions SET status = 'idle', time_suspended = NULL, "
+    auto& idle = cached_statement(db, "UPDATE sessions SET status = 'idle', time_suspended = NULL, "
                            "resume_attempts = 0, idle_outcome = ?, time_idle = ?, "
                            "input_cursor = max(input_cursor, ?) WHERE id = ?");
     idle.bind(1, std::string(protocol::to_string(req.outcome)));
@@ -268,14 +263,13 @@ awaitable<result<settle_result>> report_store::settle(settle_request req) {
                                                                            : job_status::cancelled;
     if (req.background_job) {
       if (req.drop_background) {
-        SQLite::Statement del(db, "DELETE FROM jobs WHERE id = ?");
+        auto& del = cached_statement(db, "DELETE FROM jobs WHERE id = ?");
         del.bind(1, req.background_job->str());
         del.exec();
       } else {
         // Only a running row becomes terminal: a settle after delivery finds
         // no row and cannot write it back.
-        SQLite::Statement up(db,
-                             "UPDATE jobs SET status = ?, body = ?, updated_at = ? "
+        auto& up = cached_statement(db, "UPDATE jobs SET status = ?, body = ?, updated_at = ? "
                              "WHERE id = ? AND status = 'running'");
         up.bind(1, std::string(to_string(terminal)));
         up.bind(2, req.body);
@@ -308,14 +302,13 @@ awaitable<result<std::vector<bool>>> report_store::admit(session_id to,
   for (auto& i : items) bytes += i.body.size() + 96;
   auto fn = [to = std::move(to), items = std::move(items)](
                 SQLite::Database& db) -> result<std::vector<bool>> {
-    SQLite::Statement seq(db, "SELECT seq FROM sessions WHERE id = ?");
+    auto& seq = cached_statement(db, "SELECT seq FROM sessions WHERE id = ?");
     seq.bind(1, to.str());
     if (!seq.executeStep())
       return error{errc::not_found, "session '" + to.str() + "' does not exist; " +
                                         std::to_string(items.size()) + " report(s) not admitted"};
     auto at_seq = seq.getColumn(0).getInt64();
-    SQLite::Statement st(db,
-                         "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
+    auto& st = cached_statement(db, "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
                          "from_session, body, admitted_seq, admitted_at) "
                          "VALUES (?, ?, ?, ?, ?, ?)");
     std::vector<bool> out;
@@ -340,7 +333,7 @@ awaitable<result<void>> report_store::complete(std::vector<notification_id> nids
   auto name = "complete " + std::to_string(nids.size()) + " report(s)";
   std::size_t bytes = 32 * nids.size();
   auto fn = [nids = std::move(nids)](SQLite::Database& db) {
-    SQLite::Statement st(db, "DELETE FROM jobs WHERE notification_id = ? AND status != 'running'");
+    auto& st = cached_statement(db, "DELETE FROM jobs WHERE notification_id = ? AND status != 'running'");
     for (auto& n : nids) {
       st.reset();
       st.bind(1, n.str());
@@ -355,8 +348,7 @@ awaitable<result<std::vector<message_row>>> report_store::take_inbox(session_id 
   auto fn = [s = std::move(s)](SQLite::Database& db) {
     std::vector<std::pair<std::string, std::string>> pending;  // nid, body
     {
-      SQLite::Statement q(db,
-                          "SELECT notification_id, body FROM inbox WHERE session_id = ? AND "
+      auto& q = cached_statement(db, "SELECT notification_id, body FROM inbox WHERE session_id = ? AND "
                           "state = 'pending' ORDER BY admitted_seq, admitted_at, notification_id");
       q.bind(1, s.str());
       while (q.executeStep()) pending.emplace_back(q.getColumn(0).getString(), q.getColumn(1).getString());
@@ -365,8 +357,7 @@ awaitable<result<std::vector<message_row>>> report_store::take_inbox(session_id 
     for (auto& [nid, body] : pending) {
       message_row m{0, "user", "report", "completed", body};
       m.seq = append_in_tx(db, s.str(), m.role, m.kind, m.status, body);
-      SQLite::Statement ack(db,
-                            "UPDATE inbox SET state = 'acked' WHERE session_id = ? AND "
+      auto& ack = cached_statement(db, "UPDATE inbox SET state = 'acked' WHERE session_id = ? AND "
                             "notification_id = ?");
       ack.bind(1, s.str());
       ack.bind(2, nid);
@@ -381,7 +372,7 @@ awaitable<result<std::vector<message_row>>> report_store::take_inbox(session_id 
 awaitable<result<void>> report_store::set_revert(session_id s, bool staged) {
   auto name = std::string(staged ? "stage" : "clear") + " revert on " + s.str();
   auto fn = [s = std::move(s), staged](SQLite::Database& db) {
-    SQLite::Statement st(db, "UPDATE sessions SET revert_staged = ? WHERE id = ?");
+    auto& st = cached_statement(db, "UPDATE sessions SET revert_staged = ? WHERE id = ?");
     st.bind(1, staged ? 1 : 0);
     st.bind(2, s.str());
     st.exec();
@@ -392,8 +383,7 @@ awaitable<result<void>> report_store::set_revert(session_id s, bool staged) {
 awaitable<result<int>> report_store::bump_resume(session_id s) {
   auto name = "count a resume of " + s.str();
   auto fn = [s = std::move(s)](SQLite::Database& db) -> result<int> {
-    SQLite::Statement st(db,
-                         "UPDATE sessions SET resume_attempts = resume_attempts + 1 WHERE id = ? "
+    auto& st = cached_statement(db, "UPDATE sessions SET resume_attempts = resume_attempts + 1 WHERE id = ? "
                          "RETURNING resume_attempts");
     st.bind(1, s.str());
     if (!st.executeStep())
@@ -416,12 +406,11 @@ awaitable<result<bool>> report_store::finish_shell(notification_id nid, session_
   auto name = "finish shell " + nid.str();
   std::size_t bytes = body.size() + 96;
   auto fn = [nid = std::move(nid), owner = std::move(owner), body = std::move(body)](SQLite::Database& db) {
-        SQLite::Statement seq(db, "SELECT seq FROM sessions WHERE id = ?");
+        auto& seq = cached_statement(db, "SELECT seq FROM sessions WHERE id = ?");
         seq.bind(1, owner.str());
         bool admitted = false;
         if (seq.executeStep()) {
-          SQLite::Statement st(db,
-                               "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
+          auto& st = cached_statement(db, "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
                                "from_session, body, admitted_seq, admitted_at) "
                                "VALUES (?, ?, NULL, ?, ?, ?)");
           st.bind(1, owner.str());
@@ -431,7 +420,7 @@ awaitable<result<bool>> report_store::finish_shell(notification_id nid, session_
           st.bind(5, now_ms());
           admitted = st.exec() == 1;
         }
-        SQLite::Statement del(db, "DELETE FROM jobs WHERE notification_id = ?");
+        auto& del = cached_statement(db, "DELETE FROM jobs WHERE notification_id = ?");
         del.bind(1, nid.str());
         del.exec();
         return admitted;

@@ -3,7 +3,38 @@
 #include <SQLiteCpp/Exception.h>
 #include <sqlite3.h>
 
+#include <unordered_map>
+
 namespace tether::persistence {
+
+namespace {
+// One cache per writer thread; it dies with the thread, before the writer
+// closes its connection.
+struct statement_cache {
+  SQLite::Database* db = nullptr;
+  std::unordered_map<std::string, std::unique_ptr<SQLite::Statement>> stmts;
+};
+thread_local statement_cache t_cache;
+
+void reset_cached_statements() {
+  for (auto& [sql, st] : t_cache.stmts) st->reset();
+}
+}  // namespace
+
+SQLite::Statement& cached_statement(SQLite::Database& db, const char* sql) {
+  if (t_cache.db != &db) {
+    t_cache.stmts.clear();
+    t_cache.db = &db;
+  }
+  auto& slot = t_cache.stmts[sql];
+  if (!slot) {
+    slot = std::make_unique<SQLite::Statement>(db, sql);
+  } else {
+    slot->reset();
+    slot->clearBindings();
+  }
+  return *slot;
+}
 
 result<std::unique_ptr<writer>> writer::open(const db_options& opts) {
   auto db = open_for_write(opts);
@@ -126,6 +157,7 @@ void writer::run_batch(std::deque<std::unique_ptr<detail::request>>& batch) {
   }
   std::optional<error> commit_err;
   try {
+    reset_cached_statements();  // no statement keeps a cursor open past the batch
     db.exec("COMMIT");
   } catch (const std::exception& e) {
     commit_err = error{errc::io, "COMMIT failed: " + sqlite_message(e) +

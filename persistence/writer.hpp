@@ -53,6 +53,12 @@ struct unwrap_result<result<T>> {
 };
 }  // namespace detail
 
+/// A statement prepared once per writer connection and reused by every
+/// request that runs the same SQL. REQUIRES: called inside a write operation
+/// (on the writer thread). It comes back reset, bindings cleared; the writer
+/// resets every cached statement again before each COMMIT.
+SQLite::Statement& cached_statement(SQLite::Database& db, const char* sql);
+
 /// Counters for tests and benches.
 struct writer_stats {
   std::uint64_t transactions = 0;  // COMMITs attempted
