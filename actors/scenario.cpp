@@ -872,7 +872,6 @@ class runner {
     auto h = host::open(ho);
     if (!h) return fail_setup(h.error().message);
     host_ = std::move(*h);
-    agents_->set_interrupter([hp = host_.get()](const session_id& s) { hp->interrupt(s); });
     auto b = wait_for(host_->boot());
     if (!b) return false;
     if (!*b) return fail_setup("boot: " + b->error().message);
@@ -883,7 +882,6 @@ class runner {
   void close_host() {
     if (!host_) return;
     host_->shutdown();
-    agents_->set_interrupter({});
     host_.reset();
   }
 

@@ -87,7 +87,7 @@ class scripted_agent : public agent {
       }
       case k::interrupt:
         owner_.note(id_.str() + " interrupts " + a.child);
-        owner_.interrupt(session_id(a.child));
+        ctx.cancel_child(session_id(a.child));
         break;
     }
   }
@@ -122,21 +122,6 @@ std::vector<std::string> scripted_agents::log() const {
 void scripted_agents::note(std::string line) {
   std::lock_guard lk(m_);
   log_.push_back(std::move(line));
-}
-
-void scripted_agents::set_interrupter(std::function<void(const session_id&)> f) {
-  std::lock_guard lk(m_);
-  interrupter_ = std::move(f);
-}
-
-void scripted_agents::interrupt(const session_id& s) {
-  std::function<void(const session_id&)> f;
-  {
-    std::lock_guard lk(m_);
-    f = interrupter_;
-  }
-  if (!f) throw std::runtime_error("interrupt " + s.str() + ": no interrupter is set");
-  f(s);
 }
 
 void scripted_agents::note_parked(const session_id& s, int delta) {

@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -25,7 +24,7 @@ struct script_action {
     spawn,       // child, description, text (prompt), notify, background
     wake_self,   // count: this many self-wakes in a row
     wait_cancel, // blocks until the drain is cancelled (an interrupt)
-    interrupt,   // child: interrupts that session (its caller cancels the tool call)
+    interrupt,   // child: cancels that child (agent_context::cancel_child)
   };
   kind what = kind::say;
   std::string text;
@@ -55,11 +54,6 @@ class scripted_agents : public agent_factory {
   void note_inline(std::string r);
   std::optional<script_turn> turn(const session_id& s, int ordinal) const;
 
-  /// Where `interrupt` actions go; whoever owns the host points it there (and
-  /// clears it before the host goes away). Unset: the action throws.
-  void set_interrupter(std::function<void(const session_id&)> f);
-  void interrupt(const session_id& s);
-
   /// Blocks a plain (non-executor) thread until `s` is suspended in a
   /// wait_cancel action; false if `timeout` passed first.
   bool wait_parked(const session_id& s, std::chrono::milliseconds timeout) const;
@@ -74,7 +68,6 @@ class scripted_agents : public agent_factory {
   mutable std::condition_variable changed_;  // parked_ or played_ changed
   std::map<std::string, int> parked_;
   std::map<std::pair<std::string, int>, int> played_;
-  std::function<void(const session_id&)> interrupter_;
   std::map<std::pair<std::string, int>, script_turn> turns_;
   std::vector<std::string> log_;
   std::vector<std::string> inline_;
