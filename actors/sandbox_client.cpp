@@ -1,6 +1,12 @@
 #include "tether/actors/sandbox_client.hpp"
 
-#include "tether/protocol/scrub.hpp"
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -11,19 +17,13 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
-
 #include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <deque>
-#include <fcntl.h>
 #include <filesystem>
-#include <poll.h>
-#include <sys/socket.h>
-#include <sys/syscall.h>
-#include <sys/un.h>
-#include <sys/wait.h>
-#include <unistd.h>
+
+#include "tether/protocol/scrub.hpp"
 
 extern char** environ;
 
@@ -41,7 +41,8 @@ std::string socket_path_for(const std::string& state_dir) {
 
 std::string default_state_dir() {
   if (const char* d = std::getenv("TETHER_SANDBOX_DIR"); d && *d) return d;
-  if (const char* h = std::getenv("HOME"); h && *h) return (fs::path(h) / ".tether" / "sandbox").string();
+  if (const char* h = std::getenv("HOME"); h && *h)
+    return (fs::path(h) / ".tether" / "sandbox").string();
   return "/tmp/tether-sandbox-" + std::to_string(::getuid());
 }
 
@@ -111,14 +112,16 @@ result<daemon_handle> ensure_daemon(const daemon_options& o) {
     h.pid = lock_holder(o.state_dir);
     return h;
   }
-  std::string bin = o.binary.empty() ? (fs::path(self_dir()) / "tether-sandboxd").string() : o.binary;
+  std::string bin =
+      o.binary.empty() ? (fs::path(self_dir()) / "tether-sandboxd").string() : o.binary;
   if (::access(bin.c_str(), X_OK) != 0)
     return error{errc::not_found, "tether-sandboxd not found at " + bin + " (" +
                                       std::strerror(errno) + "); nothing was started"};
   std::error_code ec;
   fs::create_directories(o.state_dir, ec);
   if (ec) return error{errc::io, "cannot create " + o.state_dir + ": " + ec.message()};
-  std::string log = o.log_file.empty() ? (fs::path(o.state_dir) / "daemon.log").string() : o.log_file;
+  std::string log =
+      o.log_file.empty() ? (fs::path(o.state_dir) / "daemon.log").string() : o.log_file;
 
   std::vector<std::string> args = {bin, "--state-dir", o.state_dir, "--ready-fd", "3"};
   if (!o.sandbox_id.empty()) args.insert(args.end(), {"--sandbox-id", o.sandbox_id});
@@ -135,7 +138,8 @@ result<daemon_handle> ensure_daemon(const daemon_options& o) {
   argv.push_back(nullptr);
 
   int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) return error{errc::io, std::string("pipe: ") + std::strerror(errno)};
+  if (::pipe2(p, O_CLOEXEC) != 0)
+    return error{errc::io, std::string("pipe: ") + std::strerror(errno)};
   int logfd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   int nullfd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (logfd < 0 || nullfd < 0) {
@@ -159,7 +163,7 @@ result<daemon_handle> ensure_daemon(const daemon_options& o) {
     ::dup2(nullfd, 0);
     ::dup2(logfd, 1);
     ::dup2(logfd, 2);
-    ::dup2(p[1], 3);  // dup2 clears close-on-exec on the copy
+    ::dup2(p[1], 3);           // dup2 clears close-on-exec on the copy
     ::close_range(4, ~0U, 0);  // nothing else of ours (sockets, pipes) goes along
     ::execv(argv[0], argv.data());
     static const char msg[] = "error exec of tether-sandboxd failed\n";
@@ -189,14 +193,16 @@ result<daemon_handle> ensure_daemon(const daemon_options& o) {
   if (!o.detach) ::waitpid(pid, nullptr, 0);
   if (line == "busy") {
     if (o.replace)
-      return error{errc::refused, "cannot replace sandbox at " + o.state_dir +
-                                      ": a daemon is serving it; stop it first. Nothing was changed"};
+      return error{errc::refused,
+                   "cannot replace sandbox at " + o.state_dir +
+                       ": a daemon is serving it; stop it first. Nothing was changed"};
     h.pid = lock_holder(o.state_dir);
     return h;  // lost a start race: another daemon serves the directory
   }
-  if (line.rfind("error ", 0) == 0) return error{errc::refused, "tether-sandboxd: " + line.substr(6)};
-  return error{errc::io, "tether-sandboxd exited before it was ready; " + log + " ends with: " +
-                             last_lines(log)};
+  if (line.rfind("error ", 0) == 0)
+    return error{errc::refused, "tether-sandboxd: " + line.substr(6)};
+  return error{errc::io, "tether-sandboxd exited before it was ready; " + log +
+                             " ends with: " + last_lines(log)};
 }
 
 result<void> stop_daemon(const daemon_handle& h) {
@@ -207,10 +213,11 @@ result<void> stop_daemon(const daemon_handle& h) {
     while (::waitpid(h.pid, &st, 0) < 0 && errno == EINTR) {
     }
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-      return error{errc::failed, "tether-sandboxd (pid " + std::to_string(h.pid) + ") " +
-                                     (WIFEXITED(st) ? "exited with status " + std::to_string(WEXITSTATUS(st))
-                                                    : "was killed by signal " + std::to_string(WTERMSIG(st))) +
-                                     " when asked to stop"};
+      return error{errc::failed,
+                   "tether-sandboxd (pid " + std::to_string(h.pid) + ") " +
+                       (WIFEXITED(st) ? "exited with status " + std::to_string(WEXITSTATUS(st))
+                                      : "was killed by signal " + std::to_string(WTERMSIG(st))) +
+                       " when asked to stop"};
     return {};
   }
   int fd = static_cast<int>(::syscall(SYS_pidfd_open, h.pid, 0));
@@ -225,7 +232,8 @@ result<void> stop_daemon(const daemon_handle& h) {
 
 // ---- the connection -----------------------------------------------------------------------
 
-using reply_channel = asio::experimental::channel<void(boost::system::error_code, wire::reply_body)>;
+using reply_channel =
+    asio::experimental::channel<void(boost::system::error_code, wire::reply_body)>;
 
 struct sandbox_client::state {
   explicit state(asio::any_io_executor ex) : sock(ex) {}
@@ -276,7 +284,8 @@ awaitable<void> write_all(state_ptr s) {
 awaitable<void> read_all(state_ptr s) {
   std::string buf;
   for (;;) {
-    auto [ec, n] = co_await asio::async_read_until(s->sock, asio::dynamic_buffer(buf), '\n', tuple_awaitable);
+    auto [ec, n] =
+        co_await asio::async_read_until(s->sock, asio::dynamic_buffer(buf), '\n', tuple_awaitable);
     if (ec) {
       s->lost = ec == asio::error::eof ? "the daemon closed it" : ec.message();
       break;
@@ -349,15 +358,14 @@ template <class T>
 result<T> expect(result<wire::reply_body> r, const char* what) {
   if (!r) return r.error();
   if (auto* v = std::get_if<T>(&*r)) return std::move(*v);
-  return error{errc::invalid, std::string("sandbox daemon answered ") + what +
-                                  " with an unexpected reply type"};
+  return error{errc::invalid,
+               std::string("sandbox daemon answered ") + what + " with an unexpected reply type"};
 }
 
 }  // namespace
 
-awaitable<result<std::unique_ptr<sandbox_client>>> sandbox_client::connect(std::string socket_path,
-                                                                           wire::conn_mode mode,
-                                                                           std::string client_name) {
+awaitable<result<std::unique_ptr<sandbox_client>>> sandbox_client::connect(
+    std::string socket_path, wire::conn_mode mode, std::string client_name) {
   auto ex = co_await asio::this_coro::executor;
   auto s = std::make_shared<state>(ex);
   asio::local::stream_protocol::endpoint ep(socket_path);
@@ -385,7 +393,9 @@ awaitable<result<std::unique_ptr<sandbox_client>>> sandbox_client::connect(std::
   co_return c;
 }
 
-sandbox_client::~sandbox_client() { close(); }
+sandbox_client::~sandbox_client() {
+  close();
+}
 
 void sandbox_client::close() {
   if (!s_) return;
@@ -427,8 +437,8 @@ const protocol::head_tail* sandbox_client::retained(const job_id& job) const {
 }
 
 awaitable<result<sandbox_client::attach_result>> sandbox_client::attach_impl(job_id job,
-                                                                              std::uint64_t offset,
-                                                                              bool follow) {
+                                                                             std::uint64_t offset,
+                                                                             bool follow) {
   wire::attach_req a;
   a.job = job;
   a.offset = offset;
@@ -458,7 +468,8 @@ awaitable<result<sandbox_client::attach_result>> sandbox_client::attach_impl(job
   }
 }
 
-awaitable<result<sandbox_client::attach_result>> sandbox_client::attach(job_id job, std::uint64_t offset) {
+awaitable<result<sandbox_client::attach_result>> sandbox_client::attach(job_id job,
+                                                                        std::uint64_t offset) {
   return attach_impl(std::move(job), offset, false);
 }
 
@@ -545,7 +556,8 @@ awaitable<result<protocol::shell_completion>> sandbox_client::kill(
   co_return std::move(rep->done);
 }
 
-awaitable<result<wire::jobs_rep>> sandbox_client::list(std::optional<std::uint64_t> after_revision) {
+awaitable<result<wire::jobs_rep>> sandbox_client::list(
+    std::optional<std::uint64_t> after_revision) {
   wire::list_req l;
   l.after_revision = after_revision;
   call q(s_, std::move(l));

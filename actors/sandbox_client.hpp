@@ -13,22 +13,21 @@
 // each job. If the daemon cleaned a job up before its status was read, wait()
 // and poll() answer with that output and exit code -1 (status unknown); with
 // no output either, they answer with an error, never with a success.
-#include "tether/protocol/ids.hpp"
-#include "tether/protocol/notice.hpp"
-#include "tether/protocol/output_tail.hpp"
-#include "tether/protocol/sandbox_wire.hpp"
-#include "tether/runtime/error.hpp"
-
-#include <boost/asio/awaitable.hpp>
-
 #include <sys/types.h>
 
+#include <boost/asio/awaitable.hpp>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "tether/protocol/ids.hpp"
+#include "tether/protocol/notice.hpp"
+#include "tether/protocol/output_tail.hpp"
+#include "tether/protocol/sandbox_wire.hpp"
+#include "tether/runtime/error.hpp"
 
 namespace tether::actors {
 
@@ -45,7 +44,7 @@ struct daemon_options {
   bool replace = false;    // bump the generation (fails if a daemon is running)
   std::optional<std::chrono::milliseconds> grace, kill_wait, idle_exit;
   std::optional<std::size_t> retain_bytes;
-  bool detach = true;  // setsid + double fork, so it outlives us; false: our child (tests)
+  bool detach = true;    // setsid + double fork, so it outlives us; false: our child (tests)
   std::string log_file;  // default: <state_dir>/daemon.log
 };
 

@@ -4,19 +4,18 @@
 //
 // Figures: jobs/s and launch-to-notice latency p50/p99 for both, the p50
 // overhead per job and the ratio. Goal: overhead <= 2 ms per job at p50.
-#include "support.hpp"
-
-#include "tether/actors/sandbox_client.hpp"
-#include "tether/runtime/sync_wait.hpp"
-
-#include <boost/asio/io_context.hpp>
-
-#include <cstdlib>
 #include <fcntl.h>
-#include <filesystem>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <cstdlib>
+#include <filesystem>
+
+#include "support.hpp"
+#include "tether/actors/sandbox_client.hpp"
+#include "tether/runtime/sync_wait.hpp"
 
 extern char** environ;
 
@@ -29,7 +28,10 @@ namespace {
 constexpr const char* k_bench = "bench_jobs";
 
 const std::vector<std::string> k_commands = {
-    "echo hello", "true", "printf 'a\\nb\\n' | wc -l", "ls / > /dev/null; echo listed",
+    "echo hello",
+    "true",
+    "printf 'a\\nb\\n' | wc -l",
+    "ls / > /dev/null; echo listed",
 };
 
 // Raw baseline: bash -c COMMAND with stdout+stderr to a pipe, read to EOF, waitpid.
@@ -63,7 +65,8 @@ struct samples {
 };
 
 awaitable<void> drive(std::string socket, std::string cwd, int jobs, samples& out) {
-  auto c = co_await actors::sandbox_client::connect(socket, wire::conn_mode::read_write, "bench_jobs");
+  auto c =
+      co_await actors::sandbox_client::connect(socket, wire::conn_mode::read_write, "bench_jobs");
   if (!c) {
     std::fprintf(stderr, "bench_jobs: %s\n", c.error().message.c_str());
     std::exit(1);
@@ -83,7 +86,8 @@ awaitable<void> drive(std::string socket, std::string cwd, int jobs, samples& ou
     auto done = co_await client.wait(s->job);
     if (!done) throw std::runtime_error(done.error().message);
     auto notice = protocol::render_notice(*done);
-    if (notice.empty() || done->status.exit_code != 0) throw std::runtime_error("job failed: " + notice);
+    if (notice.empty() || done->status.exit_code != 0)
+      throw std::runtime_error("job failed: " + notice);
     co_return bench::seconds_since(t0);
   };
   for (int i = 0; i < 50; ++i) {  // warm-up, both paths
@@ -155,7 +159,8 @@ int main(int argc, char** argv) {
   std::filesystem::remove_all(dir, ec);
   if (rc) return rc;
 
-  double dp50 = bench::percentile(s.daemon_s, 50) * 1e3, dp99 = bench::percentile(s.daemon_s, 99) * 1e3;
+  double dp50 = bench::percentile(s.daemon_s, 50) * 1e3,
+         dp99 = bench::percentile(s.daemon_s, 99) * 1e3;
   double rp50 = bench::percentile(s.raw_s, 50) * 1e3, rp99 = bench::percentile(s.raw_s, 99) * 1e3;
   bench::emit(k_bench, "jobs", jobs, "jobs");
   bench::emit(k_bench, "daemon_jobs_per_s", jobs / s.daemon_total, "jobs/s");

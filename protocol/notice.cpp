@@ -1,19 +1,23 @@
 #include "tether/protocol/notice.hpp"
 
-#include "tether/protocol/output_tail.hpp"
-
 #include <array>
 #include <charconv>
 #include <cstring>
+
+#include "tether/protocol/output_tail.hpp"
 
 namespace tether::protocol {
 
 std::string_view to_string(job_state s) {
   switch (s) {
-    case job_state::running: return "running";
-    case job_state::exited: return "exited";
-    case job_state::killed: return "killed";
-    case job_state::unknown: return "unknown";
+    case job_state::running:
+      return "running";
+    case job_state::exited:
+      return "exited";
+    case job_state::killed:
+      return "killed";
+    case job_state::unknown:
+      return "unknown";
   }
   return "unknown";
 }
@@ -29,9 +33,12 @@ bool parse(std::string_view s, job_state& out) {
 
 std::string_view to_string(capture_kind c) {
   switch (c) {
-    case capture_kind::per_stage: return "per_stage";
-    case capture_kind::shell_only: return "shell_only";
-    case capture_kind::none: return "none";
+    case capture_kind::per_stage:
+      return "per_stage";
+    case capture_kind::shell_only:
+      return "shell_only";
+    case capture_kind::none:
+      return "none";
   }
   return "none";
 }
@@ -47,10 +54,10 @@ bool parse(std::string_view s, capture_kind& out) {
 
 std::string signal_name(int sig) {
   static constexpr std::array<const char*, 32> names = {
-      nullptr,   "SIGHUP",  "SIGINT",    "SIGQUIT", "SIGILL",  "SIGTRAP", "SIGABRT", "SIGBUS",
-      "SIGFPE",  "SIGKILL", "SIGUSR1",   "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM",
-      "SIGSTKFLT", "SIGCHLD", "SIGCONT", "SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGURG",
-      "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO",  "SIGPWR",  "SIGSYS"};
+      nullptr,     "SIGHUP",  "SIGINT",    "SIGQUIT", "SIGILL",   "SIGTRAP", "SIGABRT", "SIGBUS",
+      "SIGFPE",    "SIGKILL", "SIGUSR1",   "SIGSEGV", "SIGUSR2",  "SIGPIPE", "SIGALRM", "SIGTERM",
+      "SIGSTKFLT", "SIGCHLD", "SIGCONT",   "SIGSTOP", "SIGTSTP",  "SIGTTIN", "SIGTTOU", "SIGURG",
+      "SIGXCPU",   "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO",   "SIGPWR",  "SIGSYS"};
   if (sig > 0 && sig < static_cast<int>(names.size())) return names[sig];
   return "signal " + std::to_string(sig);
 }
@@ -59,8 +66,12 @@ std::string signal_name(int sig) {
 
 namespace {
 
-bool is_space(char c) { return c == ' ' || c == '\t'; }
-bool is_word_end(char c) { return is_space(c) || c == '\n' || c == ';' || c == '&' || c == '|' || c == ')' || c == '('; }
+bool is_space(char c) {
+  return c == ' ' || c == '\t';
+}
+bool is_word_end(char c) {
+  return is_space(c) || c == '\n' || c == ';' || c == '&' || c == '|' || c == ')' || c == '(';
+}
 
 std::string trim(std::string_view s) {
   while (!s.empty() && (is_space(s.front()) || s.front() == '\n')) s.remove_prefix(1);
@@ -283,11 +294,15 @@ std::optional<std::vector<int>> parse_capture(std::string_view line) {
   return v;
 }
 
-int stage_signal(int code) { return code > 128 && code <= 128 + 64 ? code - 128 : 0; }
+int stage_signal(int code) {
+  return code > 128 && code <= 128 + 64 ? code - 128 : 0;
+}
 
 }  // namespace
 
-pipeline_shape last_pipeline(std::string_view command) { return pipeline_splitter(command).last(); }
+pipeline_shape last_pipeline(std::string_view command) {
+  return pipeline_splitter(command).last();
+}
 
 job_status judge(const launch_outcome& o, const pipeline_shape& shape) {
   job_status s;
@@ -409,17 +424,20 @@ std::string stage_codes(const job_status& s) {
 std::string render_status_line(const job_status& s) {
   std::string out;
   switch (s.state) {
-    case job_state::running: return "still running";
-    case job_state::unknown: return "exit -1 (status unknown: " + s.reason + ")";
+    case job_state::running:
+      return "still running";
+    case job_state::unknown:
+      return "exit -1 (status unknown: " + s.reason + ")";
     case job_state::killed:
       out = "stopped on request; ";
       break;
-    case job_state::exited: break;
+    case job_state::exited:
+      break;
   }
   if (s.failing_stage >= 0) {
     const auto& st = s.stages[s.failing_stage];
-    out += stage_label(s, static_cast<std::size_t>(s.failing_stage)) + " failed: " +
-           code_text(st.code, st.signal);
+    out += stage_label(s, static_cast<std::size_t>(s.failing_stage)) +
+           " failed: " + code_text(st.code, st.signal);
     if (s.stages.size() > 1) out += "; stage statuses " + stage_codes(s);
     out += "; the pipeline's own status was " + std::to_string(s.shell_code);
   } else {
@@ -442,10 +460,18 @@ std::string render_notice(const shell_completion& c) {
   const auto& s = c.status;
   std::string verdict;
   switch (s.state) {
-    case job_state::running: verdict = "is still running"; break;
-    case job_state::unknown: verdict = "ended with unknown status"; break;
-    case job_state::killed: verdict = "was stopped"; break;
-    case job_state::exited: verdict = s.exit_code == 0 ? "succeeded" : "failed"; break;
+    case job_state::running:
+      verdict = "is still running";
+      break;
+    case job_state::unknown:
+      verdict = "ended with unknown status";
+      break;
+    case job_state::killed:
+      verdict = "was stopped";
+      break;
+    case job_state::exited:
+      verdict = s.exit_code == 0 ? "succeeded" : "failed";
+      break;
   }
   std::string out = "[tether] background job " + c.job + " " + verdict + "\n";
   out += "command: " + c.preview.text;

@@ -40,13 +40,13 @@ bool parse(std::string_view s, capture_kind& out);
 /// A job's terminal status.
 struct job_status {
   job_state state = job_state::running;
-  int exit_code = -1;      // the failing stage's status, else the shell's; -1 = unknown
-  int shell_code = -1;     // the shell's own status (128+signal if signalled); -1 = unknown
-  int signal = 0;          // the shell was killed by this signal
+  int exit_code = -1;   // the failing stage's status, else the shell's; -1 = unknown
+  int shell_code = -1;  // the shell's own status (128+signal if signalled); -1 = unknown
+  int signal = 0;       // the shell was killed by this signal
   std::vector<stage_status> stages;
   int failing_stage = -1;  // index into stages, -1 = none failed
   capture_kind capture = capture_kind::none;
-  std::string reason;      // for unknown / shell_only: why; otherwise a note or ""
+  std::string reason;  // for unknown / shell_only: why; otherwise a note or ""
   friend bool operator==(const job_status&, const job_status&) = default;
 };
 
@@ -96,11 +96,11 @@ struct shell_completion {
   std::string job;
   job_status status;
   command_preview preview;
-  std::string tail;                  // see make_tail()
+  std::string tail;  // see make_tail()
   std::uint64_t tail_omitted_bytes = 0;
   std::size_t tail_lines = 0;
-  std::uint64_t output_bytes = 0;    // all output bytes, shown or not
-  std::int64_t started_at_ms = 0;    // Unix ms
+  std::uint64_t output_bytes = 0;  // all output bytes, shown or not
+  std::int64_t started_at_ms = 0;  // Unix ms
   std::int64_t ended_at_ms = 0;
   friend bool operator==(const shell_completion&, const shell_completion&) = default;
 };

@@ -34,7 +34,9 @@ head_tail head_tail::restore(std::string_view head, std::string_view tail, std::
   return h;
 }
 
-std::uint64_t head_tail::dropped() const { return total_ - head_.size() - tail().size(); }
+std::uint64_t head_tail::dropped() const {
+  return total_ - head_.size() - tail().size();
+}
 
 head_tail::slice head_tail::read(std::uint64_t from, std::size_t max) const {
   slice s;
@@ -63,7 +65,8 @@ head_tail::slice head_tail::read(std::uint64_t from, std::size_t max) const {
 
 std::string head_tail::last(std::size_t n) const {
   auto t = tail();
-  if (t.size() >= n || dropped() > 0) return std::string(t.substr(t.size() - std::min(n, t.size())));
+  if (t.size() >= n || dropped() > 0)
+    return std::string(t.substr(t.size() - std::min(n, t.size())));
   std::size_t from_head = std::min(n - t.size(), head_.size());
   std::string out(std::string_view(head_).substr(head_.size() - from_head));
   out.append(t);
@@ -99,7 +102,9 @@ std::size_t utf8_seq(std::string_view s, std::size_t i) {
   return n;
 }
 
-bool is_continuation(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
+bool is_continuation(char c) {
+  return (static_cast<unsigned char>(c) & 0xC0) == 0x80;
+}
 
 }  // namespace
 

@@ -37,7 +37,7 @@ class head_tail {
   std::uint64_t tail_start() const { return total_ - tail().size(); }
 
   struct slice {
-    std::uint64_t offset = 0;   // stream offset of data[0]
+    std::uint64_t offset = 0;  // stream offset of data[0]
     std::string data;
     std::uint64_t skipped = 0;  // bytes from the requested offset that are no longer retained
   };

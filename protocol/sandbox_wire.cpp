@@ -20,7 +20,8 @@ decoded<json::value> parse_line(std::string_view text) {
   if (!ec && n < text.size()) ec = json::error::extra_data;
   if (!ec) p.finish(ec);
   if (ec)
-    return decode_error{"", "not valid JSON at byte " + std::to_string(n) + " (" + ec.message() + ")"};
+    return decode_error{"",
+                        "not valid JSON at byte " + std::to_string(n) + " (" + ec.message() + ")"};
   return p.release();
 }
 
@@ -64,14 +65,15 @@ decoded<conn_mode> mode_field(const fields& f) {
   if (!m) return m.error();
   if (!*m || **m == "read_write") return conn_mode::read_write;
   if (**m == "read_only") return conn_mode::read_only;
-  return decode_error{f.path("mode"), "must be \"read_write\" or \"read_only\", got \"" + **m + "\""};
+  return decode_error{f.path("mode"),
+                      "must be \"read_write\" or \"read_only\", got \"" + **m + "\""};
 }
 
-#define TRY_ASSIGN(lhs, expr)          \
-  do {                                 \
-    auto tmp_ = (expr);                \
-    if (!tmp_) return tmp_.error();    \
-    lhs = std::move(*tmp_);            \
+#define TRY_ASSIGN(lhs, expr)       \
+  do {                              \
+    auto tmp_ = (expr);             \
+    if (!tmp_) return tmp_.error(); \
+    lhs = std::move(*tmp_);         \
   } while (0)
 
 decoded<request_body> decode_hello(const fields& f) {
@@ -220,7 +222,7 @@ struct request_encoder {
 
 std::string_view type_of(const request_body& b) {
   static constexpr std::array<std::string_view, 6> names = {"hello", "exec", "attach",
-                                                             "kill",  "list", "expire"};
+                                                            "kill",  "list", "expire"};
   return names[b.index()];
 }
 
@@ -278,7 +280,8 @@ json::value to_json(const shell_completion& c) {
   const auto& s = c.status;
   json::array stages;
   for (auto& st : s.stages)
-    stages.push_back(json::object{{"command", st.command}, {"code", st.code}, {"signal", st.signal}});
+    stages.push_back(
+        json::object{{"command", st.command}, {"code", st.code}, {"signal", st.signal}});
   json::object o{{"job", c.job},
                  {"state", to_string(s.state)},
                  {"exit_code", s.exit_code},
@@ -334,7 +337,8 @@ decoded<shell_completion> completion_from_json(const json::value& v, std::string
     TRY_ASSIGN(st.signal, small_int(*sf, "signal", 0, 64));
     s.stages.push_back(std::move(st));
   }
-  TRY_ASSIGN(s.failing_stage, small_int(*f, "failing_stage", -1, static_cast<int>(s.stages.size()) - 1));
+  TRY_ASSIGN(s.failing_stage,
+             small_int(*f, "failing_stage", -1, static_cast<int>(s.stages.size()) - 1));
   std::string cap;
   TRY_ASSIGN(cap, f->str("capture"));
   if (!parse(cap, s.capture))
@@ -470,7 +474,8 @@ decoded<reply_body> decode_rep(std::string_view type, const fields& f) {
       TRY_ASSIGN(s.job, job_field(*jf));
       std::string st;
       TRY_ASSIGN(st, jf->str("state"));
-      if (!parse(st, s.state)) return decode_error{jf->path("state"), "unknown job state '" + st + "'"};
+      if (!parse(st, s.state))
+        return decode_error{jf->path("state"), "unknown job state '" + st + "'"};
       TRY_ASSIGN(s.preview, jf->str("preview"));
       TRY_ASSIGN(s.pid, jf->i64("pid"));
       TRY_ASSIGN(s.exit_code, jf->i64("exit_code"));
@@ -554,7 +559,8 @@ std::string base64_encode(std::string_view in) {
 
 decoded<std::string> base64_decode(std::string_view in, std::string field) {
   if (in.size() % 4 != 0)
-    return decode_error{field, "base64 length " + std::to_string(in.size()) + " is not a multiple of 4"};
+    return decode_error{field,
+                        "base64 length " + std::to_string(in.size()) + " is not a multiple of 4"};
   std::string out;
   out.reserve(in.size() / 4 * 3);
   auto val = [](char c) -> int {

@@ -7,10 +7,6 @@
 // negotiates the protocol version and the connection mode. A malformed or
 // unknown request gets an `error` reply and the connection stays usable.
 // docs/sandbox.md describes every message.
-#include "tether/protocol/ids.hpp"
-#include "tether/protocol/json.hpp"
-#include "tether/protocol/notice.hpp"
-
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -18,6 +14,10 @@
 #include <utility>
 #include <variant>
 #include <vector>
+
+#include "tether/protocol/ids.hpp"
+#include "tether/protocol/json.hpp"
+#include "tether/protocol/notice.hpp"
 
 namespace tether::protocol::sandbox {
 
@@ -42,10 +42,10 @@ struct exec_req {
   std::string command;  // run as `bash -c` (through the launcher, see docs)
   std::string cwd;      // absolute; must exist
   std::vector<std::pair<std::string, std::string>> env;  // the command's whole environment
-  std::vector<std::string> secret_names;  // extra names whose values are scrubbed
-  bool isolate = false;                   // run inside bubblewrap
-  bool allow_network = false;             // only with isolate
-  job_id job;                             // optional: a caller-chosen id (idempotent exec)
+  std::vector<std::string> secret_names;                 // extra names whose values are scrubbed
+  bool isolate = false;                                  // run inside bubblewrap
+  bool allow_network = false;                            // only with isolate
+  job_id job;  // optional: a caller-chosen id (idempotent exec)
   std::int64_t tail_lines = 40;
   std::int64_t tail_bytes = 4096;
   std::int64_t preview_bytes = 200;
@@ -53,8 +53,8 @@ struct exec_req {
 
 struct attach_req {
   job_id job;
-  std::uint64_t offset = 0;        // stream offset to read from
-  bool follow = false;             // keep streaming until the job ends
+  std::uint64_t offset = 0;           // stream offset to read from
+  bool follow = false;                // keep streaming until the job ends
   std::uint64_t max_bytes = 1 << 16;  // per output message
 };
 

@@ -10,14 +10,30 @@ namespace {
 
 using spans = std::vector<scrub_span>;
 
-bool is_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
-bool is_alnum(char c) { return is_alpha(c) || is_digit(c); }
-bool is_upper(char c) { return c >= 'A' && c <= 'Z'; }
-bool is_lower(char c) { return c >= 'a' && c <= 'z'; }
-bool is_space(char c) { return c == ' ' || c == '\t'; }
-bool is_eol(char c) { return c == '\n' || c == '\r'; }
-char lower(char c) { return is_upper(c) ? static_cast<char>(c - 'A' + 'a') : c; }
+bool is_alpha(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
+bool is_alnum(char c) {
+  return is_alpha(c) || is_digit(c);
+}
+bool is_upper(char c) {
+  return c >= 'A' && c <= 'Z';
+}
+bool is_lower(char c) {
+  return c >= 'a' && c <= 'z';
+}
+bool is_space(char c) {
+  return c == ' ' || c == '\t';
+}
+bool is_eol(char c) {
+  return c == '\n' || c == '\r';
+}
+char lower(char c) {
+  return is_upper(c) ? static_cast<char>(c - 'A' + 'a') : c;
+}
 
 std::string to_lower(std::string_view s) {
   std::string o(s);
@@ -25,8 +41,12 @@ std::string to_lower(std::string_view s) {
   return o;
 }
 
-bool contains(std::string_view s, std::string_view w) { return s.find(w) != std::string_view::npos; }
-bool starts_with(std::string_view s, std::string_view w) { return s.substr(0, w.size()) == w; }
+bool contains(std::string_view s, std::string_view w) {
+  return s.find(w) != std::string_view::npos;
+}
+bool starts_with(std::string_view s, std::string_view w) {
+  return s.substr(0, w.size()) == w;
+}
 bool ends_with(std::string_view s, std::string_view w) {
   return s.size() >= w.size() && s.substr(s.size() - w.size()) == w;
 }
@@ -38,11 +58,11 @@ constexpr std::array<std::string_view, 9> k_env_words = {
 
 // Parts that contain a secret word but name ordinary things.
 constexpr std::array<std::string_view, 26> k_benign_parts = {
-    "monkey",    "donkey",     "turkey",      "hockey",       "jockey",      "whiskey",
-    "hotkey",    "tokens",     "tokenizer",   "tokenizers",   "tokenize",    "tokenized",
-    "tokenization", "tokenizing", "author",   "authors",      "authored",    "authoring",
-    "authority", "authorities", "authoritative", "authorship", "sessions",   "keyless",
-    "passkeys",  "keys"};
+    "monkey",       "donkey",      "turkey",        "hockey",     "jockey",   "whiskey",
+    "hotkey",       "tokens",      "tokenizer",     "tokenizers", "tokenize", "tokenized",
+    "tokenization", "tokenizing",  "author",        "authors",    "authored", "authoring",
+    "authority",    "authorities", "authoritative", "authorship", "sessions", "keyless",
+    "passkeys",     "keys"};
 
 std::vector<std::string> name_parts(std::string_view name) {
   std::vector<std::string> parts;
@@ -70,8 +90,8 @@ bool secret_part(std::string_view p) {
   if (std::find(k_benign_parts.begin(), k_benign_parts.end(), p) != k_benign_parts.end())
     return false;
   if (p == "pass" || p == "pw" || p == "pat") return true;
-  for (std::string_view w : {"password", "passwd", "passphrase", "secret", "credential", "cookie",
-                             "token", "session"})
+  for (std::string_view w :
+       {"password", "passwd", "passphrase", "secret", "credential", "cookie", "token", "session"})
     if (contains(p, w)) return true;
   if (ends_with(p, "key")) return true;
   if (starts_with(p, "auth") || ends_with(p, "auth")) return true;
@@ -108,15 +128,24 @@ enum class cs { upper_digit, alnum, alnum_us, alnum_dash, b64url, b64url_dot, he
 
 bool in_cs(cs k, char c) {
   switch (k) {
-    case cs::upper_digit: return is_upper(c) || is_digit(c);
-    case cs::alnum: return is_alnum(c);
-    case cs::alnum_us: return is_alnum(c) || c == '_';
-    case cs::alnum_dash: return is_alnum(c) || c == '-';
-    case cs::b64url: return is_alnum(c) || c == '_' || c == '-';
-    case cs::b64url_dot: return is_alnum(c) || c == '_' || c == '-' || c == '.';
-    case cs::hex_lower: return is_digit(c) || (c >= 'a' && c <= 'f');
-    case cs::hex: return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-    case cs::b64: return is_alnum(c) || c == '+' || c == '/' || c == '=' || c == '_' || c == '-';
+    case cs::upper_digit:
+      return is_upper(c) || is_digit(c);
+    case cs::alnum:
+      return is_alnum(c);
+    case cs::alnum_us:
+      return is_alnum(c) || c == '_';
+    case cs::alnum_dash:
+      return is_alnum(c) || c == '-';
+    case cs::b64url:
+      return is_alnum(c) || c == '_' || c == '-';
+    case cs::b64url_dot:
+      return is_alnum(c) || c == '_' || c == '-' || c == '.';
+    case cs::hex_lower:
+      return is_digit(c) || (c >= 'a' && c <= 'f');
+    case cs::hex:
+      return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+    case cs::b64:
+      return is_alnum(c) || c == '+' || c == '/' || c == '=' || c == '_' || c == '-';
   }
   return false;
 }
@@ -132,44 +161,81 @@ struct token_rule {
 // Credential formats recognised by a fixed prefix.
 constexpr token_rule k_token_rules[] = {
     // cloud providers
-    {"AKIA", cs::upper_digit, 16, 16}, {"ASIA", cs::upper_digit, 16, 16},
-    {"ABIA", cs::upper_digit, 16, 16}, {"ACCA", cs::upper_digit, 16, 16},
-    {"AGPA", cs::upper_digit, 16, 16}, {"AIDA", cs::upper_digit, 16, 16},
-    {"AIPA", cs::upper_digit, 16, 16}, {"ANPA", cs::upper_digit, 16, 16},
-    {"ANVA", cs::upper_digit, 16, 16}, {"AROA", cs::upper_digit, 16, 16},
-    {"APKA", cs::upper_digit, 16, 16}, {"ASCA", cs::upper_digit, 16, 16},
-    {"AIza", cs::b64url, 35, 35},      {"ya29.", cs::b64url_dot, 20, 2048},
-    {"dop_v1_", cs::hex_lower, 64, 64}, {"doo_v1_", cs::hex_lower, 64, 64},
-    {"hvs.", cs::b64url, 20, 512},     {"hvb.", cs::b64url, 20, 512},
+    {"AKIA", cs::upper_digit, 16, 16},
+    {"ASIA", cs::upper_digit, 16, 16},
+    {"ABIA", cs::upper_digit, 16, 16},
+    {"ACCA", cs::upper_digit, 16, 16},
+    {"AGPA", cs::upper_digit, 16, 16},
+    {"AIDA", cs::upper_digit, 16, 16},
+    {"AIPA", cs::upper_digit, 16, 16},
+    {"ANPA", cs::upper_digit, 16, 16},
+    {"ANVA", cs::upper_digit, 16, 16},
+    {"AROA", cs::upper_digit, 16, 16},
+    {"APKA", cs::upper_digit, 16, 16},
+    {"ASCA", cs::upper_digit, 16, 16},
+    {"AIza", cs::b64url, 35, 35},
+    {"ya29.", cs::b64url_dot, 20, 2048},
+    {"dop_v1_", cs::hex_lower, 64, 64},
+    {"doo_v1_", cs::hex_lower, 64, 64},
+    {"hvs.", cs::b64url, 20, 512},
+    {"hvb.", cs::b64url, 20, 512},
     {"AGE-SECRET-KEY-1", cs::upper_digit, 50, 80},
     // version control and CI
-    {"ghp_", cs::alnum, 36, 255}, {"gho_", cs::alnum, 36, 255}, {"ghu_", cs::alnum, 36, 255},
-    {"ghs_", cs::alnum, 36, 255}, {"ghr_", cs::alnum, 36, 255},
+    {"ghp_", cs::alnum, 36, 255},
+    {"gho_", cs::alnum, 36, 255},
+    {"ghu_", cs::alnum, 36, 255},
+    {"ghs_", cs::alnum, 36, 255},
+    {"ghr_", cs::alnum, 36, 255},
     {"github_pat_", cs::alnum_us, 22, 255},
-    {"glpat-", cs::b64url, 20, 255}, {"gldt-", cs::b64url, 20, 255}, {"glrt-", cs::b64url, 20, 255},
-    {"glptt-", cs::b64url, 20, 255}, {"glcbt-", cs::b64url, 20, 255},
-    {"glsoat-", cs::b64url, 20, 255}, {"gloas-", cs::b64url, 20, 255},
+    {"glpat-", cs::b64url, 20, 255},
+    {"gldt-", cs::b64url, 20, 255},
+    {"glrt-", cs::b64url, 20, 255},
+    {"glptt-", cs::b64url, 20, 255},
+    {"glcbt-", cs::b64url, 20, 255},
+    {"glsoat-", cs::b64url, 20, 255},
+    {"gloas-", cs::b64url, 20, 255},
     {"glimt-", cs::b64url, 20, 255},
-    {"ATBB", cs::alnum, 28, 255}, {"CCIPAT_", cs::alnum_us, 20, 255}, {"bkua_", cs::hex_lower, 40, 40},
-    {"dckr_pat_", cs::b64url, 20, 255}, {"rubygems_", cs::hex_lower, 48, 48},
-    {"npm_", cs::alnum, 36, 36}, {"pypi-", cs::b64url, 50, 512},
+    {"ATBB", cs::alnum, 28, 255},
+    {"CCIPAT_", cs::alnum_us, 20, 255},
+    {"bkua_", cs::hex_lower, 40, 40},
+    {"dckr_pat_", cs::b64url, 20, 255},
+    {"rubygems_", cs::hex_lower, 48, 48},
+    {"npm_", cs::alnum, 36, 36},
+    {"pypi-", cs::b64url, 50, 512},
     // chat platforms
-    {"xoxb-", cs::alnum_dash, 10, 255}, {"xoxp-", cs::alnum_dash, 10, 255},
-    {"xoxa-", cs::alnum_dash, 10, 255}, {"xoxr-", cs::alnum_dash, 10, 255},
-    {"xoxs-", cs::alnum_dash, 10, 255}, {"xoxe-", cs::alnum_dash, 10, 255},
+    {"xoxb-", cs::alnum_dash, 10, 255},
+    {"xoxp-", cs::alnum_dash, 10, 255},
+    {"xoxa-", cs::alnum_dash, 10, 255},
+    {"xoxr-", cs::alnum_dash, 10, 255},
+    {"xoxs-", cs::alnum_dash, 10, 255},
+    {"xoxe-", cs::alnum_dash, 10, 255},
     {"xapp-", cs::alnum_dash, 10, 255},
     // API keys with known prefixes
-    {"sk_live_", cs::alnum, 16, 255}, {"sk_test_", cs::alnum, 16, 255},
-    {"rk_live_", cs::alnum, 16, 255}, {"rk_test_", cs::alnum, 16, 255},
+    {"sk_live_", cs::alnum, 16, 255},
+    {"sk_test_", cs::alnum, 16, 255},
+    {"rk_live_", cs::alnum, 16, 255},
+    {"rk_test_", cs::alnum, 16, 255},
     {"whsec_", cs::b64, 16, 255},
-    {"sk-ant-", cs::b64url, 20, 255, true}, {"sk-proj-", cs::b64url, 20, 255, true},
+    {"sk-ant-", cs::b64url, 20, 255, true},
+    {"sk-proj-", cs::b64url, 20, 255, true},
     {"sk-", cs::b64url, 20, 255, true},
-    {"hf_", cs::alnum, 30, 64}, {"gsk_", cs::alnum, 40, 64}, {"r8_", cs::alnum, 30, 64},
-    {"pplx-", cs::alnum, 40, 64}, {"xai-", cs::alnum, 40, 128}, {"lin_api_", cs::alnum, 30, 64},
-    {"SG.", cs::b64url_dot, 60, 80}, {"glc_", cs::b64, 32, 255},
-    {"shpat_", cs::hex, 32, 32}, {"shpss_", cs::hex, 32, 32}, {"shpca_", cs::hex, 32, 32},
-    {"shppa_", cs::hex, 32, 32}, {"key-", cs::hex_lower, 32, 32}, {"SK", cs::hex_lower, 32, 32},
-    {"nfp_", cs::alnum, 30, 64}, {"sq0atp-", cs::b64url, 20, 64}, {"sq0csp-", cs::b64url, 40, 64},
+    {"hf_", cs::alnum, 30, 64},
+    {"gsk_", cs::alnum, 40, 64},
+    {"r8_", cs::alnum, 30, 64},
+    {"pplx-", cs::alnum, 40, 64},
+    {"xai-", cs::alnum, 40, 128},
+    {"lin_api_", cs::alnum, 30, 64},
+    {"SG.", cs::b64url_dot, 60, 80},
+    {"glc_", cs::b64, 32, 255},
+    {"shpat_", cs::hex, 32, 32},
+    {"shpss_", cs::hex, 32, 32},
+    {"shpca_", cs::hex, 32, 32},
+    {"shppa_", cs::hex, 32, 32},
+    {"key-", cs::hex_lower, 32, 32},
+    {"SK", cs::hex_lower, 32, 32},
+    {"nfp_", cs::alnum, 30, 64},
+    {"sq0atp-", cs::b64url, 20, 64},
+    {"sq0csp-", cs::b64url, 40, 64},
 };
 
 void match_token_rules(std::string_view t, spans& out) {
@@ -222,9 +288,9 @@ void match_telegram(std::string_view t, spans& out) {
 }
 
 void match_webhooks(std::string_view t, spans& out) {
-  for (std::string_view host : {"hooks.slack.com/services/", "hooks.slack.com/workflows/",
-                                "discord.com/api/webhooks/", "discordapp.com/api/webhooks/",
-                                "webhook.office.com/webhookb2/"}) {
+  for (std::string_view host :
+       {"hooks.slack.com/services/", "hooks.slack.com/workflows/", "discord.com/api/webhooks/",
+        "discordapp.com/api/webhooks/", "webhook.office.com/webhookb2/"}) {
     for (std::size_t at = t.find(host); at != std::string_view::npos; at = t.find(host, at + 1)) {
       std::size_t b = at + host.size();
       std::size_t e = b;
@@ -242,7 +308,9 @@ void match_bearer(std::string_view t, spans& out) {
     if (b >= t.size() || !is_space(t[b])) continue;
     while (b < t.size() && is_space(t[b])) ++b;
     std::size_t e = b;
-    while (e < t.size() && (is_alnum(t[e]) || std::string_view("._~+/=-").find(t[e]) != std::string_view::npos)) ++e;
+    while (e < t.size() &&
+           (is_alnum(t[e]) || std::string_view("._~+/=-").find(t[e]) != std::string_view::npos))
+      ++e;
     if (e - b >= 8) out.push_back({b, e});
   }
 }
@@ -301,7 +369,9 @@ void match_pem(std::string_view t, bool open_at_from, std::size_t from, std::siz
   if (open_at_check) *open_at_check = open_check;
 }
 
-bool is_name_char(char c) { return is_alnum(c) || c == '_' || c == '-' || c == '.'; }
+bool is_name_char(char c) {
+  return is_alnum(c) || c == '_' || c == '-' || c == '.';
+}
 
 // NAME=value, NAME: value, "name": "value", --name=value, --name value.
 void match_assignments(std::string_view t, const scrubber& s, spans& out) {
@@ -331,12 +401,12 @@ void match_assignments(std::string_view t, const scrubber& s, spans& out) {
 
     std::size_t v = sep + 1;
     if (sc == '=') {
-      if (v < t.size() && t[v] == '=') continue;                       // ==
+      if (v < t.size() && t[v] == '=') continue;  // ==
       if (sep > 0 && std::string_view("!<>=").find(t[sep - 1]) != std::string_view::npos) continue;
-      if (v < t.size() && t[v] == '>') ++v;                             // =>
+      if (v < t.size() && t[v] == '>') ++v;  // =>
     } else if (sc == ':') {
       if (v < t.size() && t[v] == '=') {
-        ++v;                                                            // :=
+        ++v;  // :=
       } else if (!(v >= t.size() || is_space(t[v]) || t[v] == '"' || t[v] == '\'' || quote)) {
         continue;  // "name:value" without a space is more often a key path than a secret
       }

@@ -92,7 +92,7 @@ class stream_scrubber {
 
  private:
   std::string emit(std::size_t cut, bool keep_context);
-  const scrubber* s_;  // not owned; must outlive this
+  const scrubber* s_;    // not owned; must outlive this
   std::string context_;  // already emitted raw bytes kept for look-behind
   std::string pending_;  // raw bytes not yet emitted
   bool pem_open_ = false;

@@ -1,11 +1,11 @@
 // `tether run`: the notice exactly as a model reads it, scrubbed, and the
 // failing stage's status as the exit code.
-#include "sandbox_support.hpp"
-
-#include "tether/protocol/json.hpp"
+#include <sys/wait.h>
 
 #include <fstream>
-#include <sys/wait.h>
+
+#include "sandbox_support.hpp"
+#include "tether/protocol/json.hpp"
 
 using namespace tether;
 using namespace tether::test;
@@ -40,10 +40,12 @@ TEST_CASE("tether run prints the scrubbed notice and exits with the failing stag
   REQUIRE(WIFEXITED(st));
   CHECK(WEXITSTATUS(st) == 9);
   CHECK(out.rfind("[tether] background job job_", 0) == 0);
-  CHECK_THAT(out, Catch::Contains(" failed\ncommand: for i in 1 2 3 4 5 6; do echo line $i; done;"));
+  CHECK_THAT(out,
+             Catch::Contains(" failed\ncommand: for i in 1 2 3 4 5 6; do echo line $i; done;"));
   CHECK_THAT(out, Catch::Contains("\nstatus: stage 1 of 2 (sh -c 'exit 9') failed: exit 9; stage "
                                   "statuses 9 0; the pipeline's own status was 0\n"));
-  CHECK_THAT(out, Catch::EndsWith("last 3 lines:\n[... 28 earlier bytes left out ...]\nline 5\nline 6\ntoken [REDACTED]\n"));
+  CHECK_THAT(out, Catch::EndsWith("last 3 lines:\n[... 28 earlier bytes left out ...]\nline "
+                                  "5\nline 6\ntoken [REDACTED]\n"));
   CHECK(out.find("tok-5f4e3d2c1b") == std::string::npos);
 
   // A second run finds the daemon the first one started.
@@ -58,8 +60,9 @@ TEST_CASE("tether run prints the scrubbed notice and exits with the failing stag
 TEST_CASE("tether run without a command says what is missing", "[sandbox]") {
   scratch_dir dir("sbx-cli-usage");
   std::string out;
-  int st = run_process({std::string(TETHER_BIN_DIR) + "/tether", "run", "--tail", "x", "--", "true"}, &out,
-                       {"TETHER_SANDBOX_DIR=" + dir.file("state")});
+  int st =
+      run_process({std::string(TETHER_BIN_DIR) + "/tether", "run", "--tail", "x", "--", "true"},
+                  &out, {"TETHER_SANDBOX_DIR=" + dir.file("state")});
   REQUIRE(WIFEXITED(st));
   CHECK(WEXITSTATUS(st) == 2);
   CHECK_FALSE(std::filesystem::exists(dir.file("state")));  // nothing was started

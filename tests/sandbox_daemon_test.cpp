@@ -1,22 +1,23 @@
 // tether-sandboxd with real processes: pipeline stage capture, signals, kill
 // with confirmation, the grace period and the -1 path, scrubbing through the
 // daemon, isolation, idempotent exec, and bad input.
-#include "sandbox_support.hpp"
-
-#include "tether/protocol/json.hpp"
-
-#include <csignal>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <csignal>
+
+#include "sandbox_support.hpp"
+#include "tether/protocol/json.hpp"
+
 using namespace tether;
 using namespace tether::test;
 using protocol::job_state;
 
-TEST_CASE("a daemon says its sandbox id, generation and protocol version; --replace bumps the generation",
-          "[sandbox]") {
+TEST_CASE(
+    "a daemon says its sandbox id, generation and protocol version; --replace bumps the generation",
+    "[sandbox]") {
   actors::daemon_options o;
   o.sandbox_id = "sbx-hello";
   sandbox_daemon d("sbx-hello", o);
@@ -49,13 +50,15 @@ TEST_CASE("a daemon says its sandbox id, generation and protocol version; --repl
   CHECK_THAT(refused.error().message, Catch::Contains("belongs to sandbox 'sbx-hello'"));
 }
 
-TEST_CASE("the failing stage of the last pipeline is reported: first, middle or last", "[sandbox]") {
+TEST_CASE("the failing stage of the last pipeline is reported: first, middle or last",
+          "[sandbox]") {
   sandbox_daemon d("sbx-stages");
   auto cwd = d.dir().path().string();
   auto body = [&]() -> awaitable<void> {
     auto c = co_await connect(d.socket());
 
-    auto first = co_await run_to_end(*c, command("sh -c 'echo compiling; exit 101' | tail -n 20", cwd));
+    auto first =
+        co_await run_to_end(*c, command("sh -c 'echo compiling; exit 101' | tail -n 20", cwd));
     CHECK(first.status.state == job_state::exited);
     CHECK(first.status.exit_code == 101);
     CHECK(first.status.shell_code == 0);
@@ -73,7 +76,8 @@ TEST_CASE("the failing stage of the last pipeline is reported: first, middle or 
     CHECK(middle.status.shell_code == 0);
     CHECK(middle.status.stages[1].command == "grep zzz");
 
-    auto last = co_await run_to_end(*c, command("cd /tmp && printf 'a\\n' | cat | grep -q zzz", cwd));
+    auto last =
+        co_await run_to_end(*c, command("cd /tmp && printf 'a\\n' | cat | grep -q zzz", cwd));
     CHECK(last.status.failing_stage == 2);
     CHECK(last.status.exit_code == 1);
     CHECK(last.status.shell_code == 1);
@@ -122,9 +126,11 @@ TEST_CASE("output and preview are scrubbed on the sandbox side, and the status i
   auto body = [&]() -> awaitable<void> {
     auto c = co_await connect(d.socket());
     // The secret is written in two pieces, as two writes.
-    auto r = command("printf 'val=%s' \"${MY_API_TOKEN:0:5}\"; printf '%s\\n' \"${MY_API_TOKEN:5}\"; "
-                     "echo pushing with " + literal + "; exit 3",
-                     cwd, {{"MY_API_TOKEN", value}});
+    auto r = command(
+        "printf 'val=%s' \"${MY_API_TOKEN:0:5}\"; printf '%s\\n' \"${MY_API_TOKEN:5}\"; "
+        "echo pushing with " +
+            literal + "; exit 3",
+        cwd, {{"MY_API_TOKEN", value}});
     auto s = co_await c->exec(std::move(r));
     REQUIRE(s.has_value());
     auto done = co_await c->wait(s->job);
@@ -198,8 +204,9 @@ TEST_CASE("completed jobs are kept for the grace period: a late poll gets the tr
   run(body());
 }
 
-TEST_CASE("if cleanup won the race the retained output comes back with exit -1; no output is an error",
-          "[sandbox]") {
+TEST_CASE(
+    "if cleanup won the race the retained output comes back with exit -1; no output is an error",
+    "[sandbox]") {
   sandbox_daemon d("sbx-minus1");
   auto cwd = d.dir().path().string();
   auto body = [&]() -> awaitable<void> {
@@ -320,7 +327,8 @@ TEST_CASE("exec with a job id the daemon knows starts nothing new", "[sandbox]")
   run(body());
 }
 
-TEST_CASE("connecting never starts a daemon; read-only or not, no daemon is an error", "[sandbox]") {
+TEST_CASE("connecting never starts a daemon; read-only or not, no daemon is an error",
+          "[sandbox]") {
   scratch_dir dir("sbx-nodaemon");
   auto body = [&]() -> awaitable<void> {
     auto sock = actors::socket_path_for(dir.file("state"));
@@ -358,7 +366,8 @@ TEST_CASE("isolated jobs run in bubblewrap: read-only root, writable work dir, n
   auto body = [&]() -> awaitable<void> {
     auto c = co_await connect(d.socket());
     auto r = command(
-        "touch /etc/tether-probe 2>/dev/null && echo wrote-etc; echo ok > here.txt && cat here.txt; "
+        "touch /etc/tether-probe 2>/dev/null && echo wrote-etc; echo ok > here.txt && cat "
+        "here.txt; "
         "grep -c : /proc/net/dev",
         cwd);
     r.isolate = true;
@@ -432,7 +441,8 @@ TEST_CASE("malformed or unknown input gets an error reply and never takes the da
   CHECK_THAT(r.ask(R"({"type":"hello","v":1,"id":4})"), Catch::Contains(R"("type":"hello")"));
   CHECK_THAT(r.ask(R"({"type":"exec","id":5,"command":"ls"})"),
              Catch::Contains(R"("id":5)") && Catch::Contains("cwd: missing"));
-  CHECK_THAT(r.ask(R"({"type":"reboot","id":6})"), Catch::Contains("unknown request type 'reboot'"));
+  CHECK_THAT(r.ask(R"({"type":"reboot","id":6})"),
+             Catch::Contains("unknown request type 'reboot'"));
   CHECK_THAT(r.ask(R"({"type":"attach","id":7,"job":"no-such-job"})"),
              Catch::Contains("not_found") && Catch::Contains("no-such-job"));
   CHECK_THAT(r.ask(R"({"type":"kill","id":8,"job":"x","wait_ms":-5})"), Catch::Contains("wait_ms"));

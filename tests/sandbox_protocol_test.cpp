@@ -1,10 +1,10 @@
 // The sandbox daemon's value types without a daemon: wire codecs, the
 // pipeline status model, output retention and the notice text.
+#include <catch2/catch.hpp>
+
 #include "tether/protocol/notice.hpp"
 #include "tether/protocol/output_tail.hpp"
 #include "tether/protocol/sandbox_wire.hpp"
-
-#include <catch2/catch.hpp>
 
 using namespace tether::protocol;
 namespace wire = tether::protocol::sandbox;
@@ -84,11 +84,14 @@ TEST_CASE("malformed requests are decode errors that name the field", "[sandbox]
   CHECK_THAT(problem(R"({"type":"exec","command":"ls","cwd":"rel"})"), Catch::Contains("absolute"));
   CHECK_THAT(problem(R"({"type":"exec","command":"ls","cwd":"/","env":{"A":1}})"),
              Catch::Contains("env.A: expected a string"));
-  CHECK_THAT(problem(R"({"type":"attach","job":"../etc"})"), Catch::Contains("job: '../etc' is not a job id"));
-  CHECK_THAT(problem(R"({"type":"attach","job":"j","offset":-1})"), Catch::Contains("offset: must not be negative"));
+  CHECK_THAT(problem(R"({"type":"attach","job":"../etc"})"),
+             Catch::Contains("job: '../etc' is not a job id"));
+  CHECK_THAT(problem(R"({"type":"attach","job":"j","offset":-1})"),
+             Catch::Contains("offset: must not be negative"));
   CHECK_THAT(problem(R"({"type":"hello"})"), Catch::Contains("v: missing"));
   CHECK_THAT(problem(R"({"type":"hello","v":1,"mode":"admin"})"), Catch::Contains("mode: must be"));
-  CHECK_THAT(problem(R"({"type":"kill","job":"j","wait_ms":"soon"})"), Catch::Contains("wait_ms: expected an integer"));
+  CHECK_THAT(problem(R"({"type":"kill","job":"j","wait_ms":"soon"})"),
+             Catch::Contains("wait_ms: expected an integer"));
 }
 
 TEST_CASE("the last pipeline of a command list is split into named stages", "[sandbox]") {
@@ -124,7 +127,8 @@ TEST_CASE("a stage killed by a signal is named with its signal", "[sandbox]") {
   auto s = judge(exited(0, "pipestatus 0 139 0 0"), last_pipeline("a | b | c"));
   CHECK(s.failing_stage == 1);
   CHECK(s.stages[1].signal == 11);
-  CHECK_THAT(render_status_line(s), Catch::StartsWith("stage 2 of 3 (b) failed: killed by SIGSEGV (exit 139)"));
+  CHECK_THAT(render_status_line(s),
+             Catch::StartsWith("stage 2 of 3 (b) failed: killed by SIGSEGV (exit 139)"));
 }
 
 TEST_CASE("SIGPIPE of a producer whose reader stopped is not a failure, and is said", "[sandbox]") {
@@ -206,11 +210,14 @@ TEST_CASE("the notice carries id, preview, status line and a bounded tail", "[sa
   c.tail_omitted_bytes = 1000;
   c.output_bytes = 1004;
   auto n = render_notice(c);
-  CHECK(n == "[tether] background job job_9 failed\n"
-             "command: " + std::string(200, 'x') + " [... 100 more bytes not shown]\n"
-             "status: stage 1 of 2 (cargo test) failed: exit 101; stage statuses 101 0; the "
-             "pipeline's own status was 0\n"
-             "output: 1004 bytes; last 2 lines:\n"
-             "[... 1000 earlier bytes left out ...]\n"
-             "a\nb\n");
+  CHECK(n ==
+        "[tether] background job job_9 failed\n"
+        "command: " +
+            std::string(200, 'x') +
+            " [... 100 more bytes not shown]\n"
+            "status: stage 1 of 2 (cargo test) failed: exit 101; stage statuses 101 0; the "
+            "pipeline's own status was 0\n"
+            "output: 1004 bytes; last 2 lines:\n"
+            "[... 1000 earlier bytes left out ...]\n"
+            "a\nb\n");
 }

@@ -1,13 +1,13 @@
 // A daemon that dies and is started again over the same state directory: the
 // host reconnects read-only and finds its jobs by id, finished or still
 // running, and a job whose launch the crash interrupted is reported -1.
-#include "sandbox_support.hpp"
-
-#include "tether/runtime/crash_point.hpp"
-
-#include <cstdlib>
 #include <sys/stat.h>
 #include <sys/wait.h>
+
+#include <cstdlib>
+
+#include "sandbox_support.hpp"
+#include "tether/runtime/crash_point.hpp"
 
 using namespace tether;
 using namespace tether::test;

@@ -1,12 +1,13 @@
 #include "sandbox_support.hpp"
 
-#include <csignal>
 #include <dirent.h>
 #include <fcntl.h>
-#include <fstream>
-#include <sstream>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <sstream>
 
 namespace tether::test {
 

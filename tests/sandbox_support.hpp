@@ -1,15 +1,13 @@
 #pragma once
 // A real tether-sandboxd per test, started as our child in a scratch state
 // directory, and helpers to drive it from coroutines.
-#include "support.hpp"
-
-#include "tether/actors/sandbox_client.hpp"
-
 #include <catch2/catch.hpp>
-
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#include "support.hpp"
+#include "tether/actors/sandbox_client.hpp"
 
 namespace tether::test {
 
@@ -18,7 +16,9 @@ using actors::sandbox_client;
 using boost::asio::awaitable;
 using client_ptr = std::unique_ptr<sandbox_client>;
 
-inline std::string sandboxd_binary() { return std::string(TETHER_BIN_DIR) + "/tether-sandboxd"; }
+inline std::string sandboxd_binary() {
+  return std::string(TETHER_BIN_DIR) + "/tether-sandboxd";
+}
 
 class sandbox_daemon {
  public:

@@ -1,14 +1,14 @@
 // Scrubbing credentials out of previews and output: a corpus of realistic
 // positives that must be redacted and negatives that must stay untouched, and
 // secrets split across chunks, tail boundaries and preview boundaries.
-#include "tether/protocol/notice.hpp"
-#include "tether/protocol/output_tail.hpp"
 #include "tether/protocol/scrub.hpp"
 
 #include <catch2/catch.hpp>
-
 #include <string>
 #include <vector>
+
+#include "tether/protocol/notice.hpp"
+#include "tether/protocol/output_tail.hpp"
 
 using namespace tether::protocol;
 
@@ -22,29 +22,42 @@ struct positive {
 
 // Fake credentials in the shapes real ones have.
 const std::vector<positive> k_positives = {
-    {"export AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7EXAMPLE", "export AWS_ACCESS_KEY_ID="},
+    {"export AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7EXAMPLE",
+     "export AWS_ACCESS_KEY_ID="},
     {"aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n",
      "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "aws_secret_access_key = "},
     {"Assumed role; using ASIAY34FZKBOKMUTVV7A until 12:00", "ASIAY34FZKBOKMUTVV7A", "until 12:00"},
-    {"GET https://maps.googleapis.com/maps/api/geocode/json?address=x&k=AIzaSyA1234567890abcdefghijklmnopqrstuv",
+    {"GET "
+     "https://maps.googleapis.com/maps/api/geocode/"
+     "json?address=x&k=AIzaSyA1234567890abcdefghijklmnopqrstuv",
      "AIzaSyA1234567890abcdefghijklmnopqrstuv", "geocode/json"},
     {"remote: ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789 is not a valid token",
      "ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789", "is not a valid token"},
-    {"git clone https://x-access-token:ghs_16C7e42F292c6912E7710c838347Ae178B4a@github.com/org/repo.git",
+    {"git clone "
+     "https://x-access-token:ghs_16C7e42F292c6912E7710c838347Ae178B4a@github.com/org/repo.git",
      "ghs_16C7e42F292c6912E7710c838347Ae178B4a", "@github.com/org/repo.git"},
-    {"GH_PAT github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV0123 saved",
-     "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV0123", "saved"},
-    {"CI_JOB_TOKEN=glcbt-64_abcdefghijklmnopqrstu make deploy", "glcbt-64_abcdefghijklmnopqrstu", "make deploy"},
-    {"Authenticating with glpat-xYz123AbC456dEf789gH ...", "glpat-xYz123AbC456dEf789gH", "Authenticating with"},
+    {"GH_PAT github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV0123 "
+     "saved",
+     "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV0123",
+     "saved"},
+    {"CI_JOB_TOKEN=glcbt-64_abcdefghijklmnopqrstu make deploy", "glcbt-64_abcdefghijklmnopqrstu",
+     "make deploy"},
+    {"Authenticating with glpat-xYz123AbC456dEf789gH ...", "glpat-xYz123AbC456dEf789gH",
+     "Authenticating with"},
     {"SLACK_BOT_TOKEN=xoxb-1234567890123-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",
      "xoxb-1234567890123-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx", "SLACK_BOT_TOKEN="},
-    {"curl -X POST https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX -d @msg.json",
+    {"curl -X POST https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX "
+     "-d @msg.json",
      "T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX", "-d @msg.json"},
-    {"webhook: https://discord.com/api/webhooks/123456789012345678/AbCdEfGhIjKlMnOpQrStUvWxYz0123456789-_aBcDeFgHiJkLmNoPqRsTuVwXyZ",
-     "AbCdEfGhIjKlMnOpQrStUvWxYz0123456789-_aBcDeFgHiJkLmNoPqRsTuVwXyZ", "discord.com/api/webhooks/"},
+    {"webhook: "
+     "https://discord.com/api/webhooks/123456789012345678/"
+     "AbCdEfGhIjKlMnOpQrStUvWxYz0123456789-_aBcDeFgHiJkLmNoPqRsTuVwXyZ",
+     "AbCdEfGhIjKlMnOpQrStUvWxYz0123456789-_aBcDeFgHiJkLmNoPqRsTuVwXyZ",
+     "discord.com/api/webhooks/"},
     {"telegram bot 123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw0 started",
      "AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw0", "started"},
-    {"stripe.api_key = 'sk_live_4eC39HqLyjWDarjtT1zdp7dc'", "sk_live_4eC39HqLyjWDarjtT1zdp7dc", "stripe."},
+    {"stripe.api_key = 'sk_live_4eC39HqLyjWDarjtT1zdp7dc'", "sk_live_4eC39HqLyjWDarjtT1zdp7dc",
+     "stripe."},
     {"OPENAI_API_KEY=sk-proj-abc123DEF456ghi789JKL012mno345PQR python eval.py",
      "sk-proj-abc123DEF456ghi789JKL012mno345PQR", "python eval.py"},
     {R"({"model": "claude", "api_key": "sk-ant-api03-AbCdEf1234567890-XyZ_abcdefghij"})",
@@ -52,35 +65,49 @@ const std::vector<positive> k_positives = {
     {"//registry.npmjs.org/:_authToken=npm_abcdefghijklmnopqrstuvwxyz0123456789",
      "npm_abcdefghijklmnopqrstuvwxyz0123456789", "//registry.npmjs.org/"},
     {"password = pypi-AgEIcHlwaS5vcmcCJGE4ZjY5ZjE0LWJlZGMtNDdmMy1hZDQ2LWVlMTE1ZjY5NzYzOQACKlszLCJm",
-     "pypi-AgEIcHlwaS5vcmcCJGE4ZjY5ZjE0LWJlZGMtNDdmMy1hZDQ2LWVlMTE1ZjY5NzYzOQACKlszLCJm", "password = "},
+     "pypi-AgEIcHlwaS5vcmcCJGE4ZjY5ZjE0LWJlZGMtNDdmMy1hZDQ2LWVlMTE1ZjY5NzYzOQACKlszLCJm",
+     "password = "},
     {"HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyzABCDEFGH huggingface-cli login",
      "hf_abcdefghijklmnopqrstuvwxyzABCDEFGH", "huggingface-cli login"},
     {"mail via SG.abcdefghijklmnopqrstuv.abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG ok",
      "SG.abcdefghijklmnopqrstuv.abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG", "mail via"},
-    {"got eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c from /login",
+    {"got "
+     "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9."
+     "eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ."
+     "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c from /login",
      "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c", "from /login"},
     {R"(curl -H "Authorization: Bearer abcdef0123456789abcdef" https://api.example.com/v1)",
      "abcdef0123456789abcdef", "https://api.example.com/v1"},
-    {"> Authorization: Basic dXNlcjpwYXNzd29yZA==\n> Accept: */*", "dXNlcjpwYXNzd29yZA==", "> Accept: */*"},
+    {"> Authorization: Basic dXNlcjpwYXNzd29yZA==\n> Accept: */*",
+     "dXNlcjpwYXNzd29yZA==", "> Accept: */*"},
     {"DEBUG sending request with bearer 9f8e7d6c5b4a39281706f5e4d3c2b1a0",
      "9f8e7d6c5b4a39281706f5e4d3c2b1a0", "DEBUG sending request"},
-    {"DATABASE_URL=postgres://admin:S3cr3tP4ss@db.internal:5432/app", "S3cr3tP4ss", "@db.internal:5432/app"},
+    {"DATABASE_URL=postgres://admin:S3cr3tP4ss@db.internal:5432/app", "S3cr3tP4ss",
+     "@db.internal:5432/app"},
     {"connecting to redis://:hunter2hunter2@cache:6379/0", "hunter2hunter2", "@cache:6379/0"},
-    {"pip install --index-url https://deploy:tok3nValue99@pypi.example.com/simple pkg", "tok3nValue99",
-     "pypi.example.com/simple pkg"},
-    {"-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA0Z3VS5JJcds3xfn/ygWyF8PbnGy0AHB7MhgwMbRvI0MBZhpF\n"
-     "tVjUXr9zmA5j5YQBV1mJkYpB7u/1nFXkdSGpcOqFSm5mhXHLEIE2Ky8s3lfXCWGF\n-----END RSA PRIVATE KEY-----\nnext",
+    {"pip install --index-url https://deploy:tok3nValue99@pypi.example.com/simple pkg",
+     "tok3nValue99", "pypi.example.com/simple pkg"},
+    {"-----BEGIN RSA PRIVATE "
+     "KEY-----\nMIIEowIBAAKCAQEA0Z3VS5JJcds3xfn/ygWyF8PbnGy0AHB7MhgwMbRvI0MBZhpF\n"
+     "tVjUXr9zmA5j5YQBV1mJkYpB7u/1nFXkdSGpcOqFSm5mhXHLEIE2Ky8s3lfXCWGF\n-----END RSA PRIVATE "
+     "KEY-----\nnext",
      "MIIEowIBAAKCAQEA0Z3VS5JJcds3xfn", "-----END RSA PRIVATE KEY-----\nnext"},
-    {"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n"
-     "QyNTUxOQAAACDf0xNsHUaB6TrmL9AgZwPLsbBWAJsHXtr8Q8nA6ZT2YQAAAJhAIzBfQCMw\n-----END OPENSSH PRIVATE KEY-----",
-     "QyNTUxOQAAACDf0xNsHUaB6TrmL9AgZwPLsbBWAJsHXtr8Q8nA6ZT2YQAAAJhAIzBfQCMw", "-----BEGIN OPENSSH PRIVATE KEY-----"},
-    {"-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIIrYSSNQFaA2Hwf1duRSxKtLYX5CB04fSeQ6tF1aY/PuoAoGCCqGSM49\n-----END EC PRIVATE KEY-----",
+    {"-----BEGIN OPENSSH PRIVATE "
+     "KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n"
+     "QyNTUxOQAAACDf0xNsHUaB6TrmL9AgZwPLsbBWAJsHXtr8Q8nA6ZT2YQAAAJhAIzBfQCMw\n-----END OPENSSH "
+     "PRIVATE KEY-----",
+     "QyNTUxOQAAACDf0xNsHUaB6TrmL9AgZwPLsbBWAJsHXtr8Q8nA6ZT2YQAAAJhAIzBfQCMw",
+     "-----BEGIN OPENSSH PRIVATE KEY-----"},
+    {"-----BEGIN EC PRIVATE "
+     "KEY-----\nMHcCAQEEIIrYSSNQFaA2Hwf1duRSxKtLYX5CB04fSeQ6tF1aY/PuoAoGCCqGSM49\n-----END EC "
+     "PRIVATE KEY-----",
      "MHcCAQEEIIrYSSNQFaA2Hwf1duRSxKtLYX5CB04fSeQ6tF1aY", "-----END EC PRIVATE KEY-----"},
-    {"export DB_PASSWORD='correct horse battery staple'", "correct horse battery staple", "export DB_PASSWORD="},
+    {"export DB_PASSWORD='correct horse battery staple'", "correct horse battery staple",
+     "export DB_PASSWORD="},
     {"MYSQL_ROOT_PASSWORD=\"p@ss w0rd!\" docker compose up", "p@ss w0rd!", "docker compose up"},
     {"+ CI_GITHUB_TOKEN=abc123def456 ./release.sh", "abc123def456", "./release.sh"},
-    {"client_secret: 8Q~abcdefghijklmnopqrstuvwxyz.0123456\nscope: openid", "8Q~abcdefghijklmnopqrstuvwxyz.0123456",
-     "scope: openid"},
+    {"client_secret: 8Q~abcdefghijklmnopqrstuvwxyz.0123456\nscope: openid",
+     "8Q~abcdefghijklmnopqrstuvwxyz.0123456", "scope: openid"},
     {R"(  "password": "Tr0ub4dor&3",)", "Tr0ub4dor&3", R"("password": ")"},
     {"< Set-Cookie: sessionid=38afes7a8kq2; HttpOnly; Path=/", "38afes7a8kq2", "< Set-Cookie: "},
     {"Cookie: _session=abc123def456; theme=dark", "abc123def456", "Cookie: "},
@@ -88,17 +115,21 @@ const std::vector<positive> k_positives = {
      "-u me registry.example.com"},
     {"tool --api-key=abcd1234efgh5678 --verbose", "abcd1234efgh5678", "--verbose"},
     {"doctl auth init -t dop_v1_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-     "dop_v1_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", "doctl auth init -t "},
+     "dop_v1_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+     "doctl auth init -t "},
     {"X-Api-Key: 0123456789abcdef0123456789abcdef\nContent-Type: application/json",
      "0123456789abcdef0123456789abcdef", "Content-Type: application/json"},
-    {"SECRET_KEY_BASE=9b2c8f0e1d3a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c rails s", "9b2c8f0e1d3a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c",
-     "rails s"},
-    {"vault login hvs.CAESIJ0123456789abcdefghijklmnop", "hvs.CAESIJ0123456789abcdefghijklmnop", "vault login"},
-    {"access token ya29.a0AfH6SMBx1234567890abcdefghijklmnop expires", "ya29.a0AfH6SMBx1234567890abcdefghijklmnop",
-     "expires"},
-    {"twilio api key SK0123456789abcdef0123456789abcdef", "SK0123456789abcdef0123456789abcdef", "twilio api key"},
+    {"SECRET_KEY_BASE=9b2c8f0e1d3a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c rails s",
+     "9b2c8f0e1d3a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c", "rails s"},
+    {"vault login hvs.CAESIJ0123456789abcdefghijklmnop", "hvs.CAESIJ0123456789abcdefghijklmnop",
+     "vault login"},
+    {"access token ya29.a0AfH6SMBx1234567890abcdefghijklmnop expires",
+     "ya29.a0AfH6SMBx1234567890abcdefghijklmnop", "expires"},
+    {"twilio api key SK0123456789abcdef0123456789abcdef", "SK0123456789abcdef0123456789abcdef",
+     "twilio api key"},
     {"PGPASSWORD=hunter2 psql -h db -U app", "hunter2", "psql -h db -U app"},
-    {"AZURE_STORAGE_CONNECTION_STRING=\"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=abc123+/XYZ==;EndpointSuffix=core.windows.net\"",
+    {"AZURE_STORAGE_CONNECTION_STRING=\"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey="
+     "abc123+/XYZ==;EndpointSuffix=core.windows.net\"",
      "abc123+/XYZ==", "EndpointSuffix=core.windows.net"},
     {R"(  "private_key": "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----\n",)",
      "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC", R"("private_key": ")"},
@@ -111,7 +142,8 @@ const std::vector<const char*> k_negatives = {
     "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
     "request id 123e4567-e89b-12d3-a456-426614174000 done",
     "TG9yZW0gaXBzdW0gZG9sb3Igc2l0IGFtZXQsIGNvbnNlY3RldHVyIGFkaXBpc2NpbmcgZWxpdC4=",
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==",
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg"
+    "==",
     "Author: Jane Doe <jane@example.com>",
     "Date:   Mon Nov 30 10:00:00 2026 +0000",
     "test result: ok. 42 passed; 0 failed; 0 ignored; 0 measured",
@@ -131,7 +163,9 @@ const std::vector<const char*> k_negatives = {
     "The key insight is that caching helps",
     "tokens: 1500 input, 300 output",
     "md5 d41d8cd98f00b204e9800998ecf8427e  file.tar.gz",
-    "integrity sha512-z4PhNX7vuL3xVChQ1m2AB9Yg5AULVxXcg/SpIdNs6c5H0NE8XYXysP+DGNKHfuwvY7kxvUR1Sc4Mdp/LhHhQ6hA==",
+    "integrity "
+    "sha512-z4PhNX7vuL3xVChQ1m2AB9Yg5AULVxXcg/SpIdNs6c5H0NE8XYXysP+DGNKHfuwvY7kxvUR1Sc4Mdp/"
+    "LhHhQ6hA==",
     "curl -H \"Authorization: Bearer $API_TOKEN\" https://api.example.com",
 };
 
@@ -158,7 +192,8 @@ TEST_CASE("the scrubbing corpus is big enough to mean something", "[sandbox][scr
   CHECK(k_negatives.size() >= 20);
 }
 
-TEST_CASE("every positive in the corpus is redacted visibly and its context kept", "[sandbox][scrub]") {
+TEST_CASE("every positive in the corpus is redacted visibly and its context kept",
+          "[sandbox][scrub]") {
   scrubber s;
   for (const auto& p : k_positives) {
     INFO("input: " << p.text);
@@ -181,7 +216,7 @@ TEST_CASE("ordinary hashes, UUIDs, base64 and logs stay untouched", "[sandbox][s
 TEST_CASE("exact values of secret-bearing environment variables are redacted wherever they appear",
           "[sandbox][scrub]") {
   std::vector<std::pair<std::string, std::string>> env = {
-      {"DEPLOY_KEY", "Zq8!mV2#pL9x"},       // KEY
+      {"DEPLOY_KEY", "Zq8!mV2#pL9x"},      // KEY
       {"MY_SESSION_ID", "sess-77a1b2c3"},  // SESSION
       {"HOME", "/root"},                   // not secret
       {"PLAIN", "visible-value-123"},      // registered below
@@ -222,9 +257,11 @@ TEST_CASE("a secret split across two output chunks at any byte is redacted as if
 TEST_CASE("a secret fed one byte at a time never leaks", "[sandbox][scrub]") {
   std::vector<std::pair<std::string, std::string>> env = {{"API_TOKEN", "tok_9f8e7d6c5b4a"}};
   scrubber s(scrub_rules::from_env(env));
-  std::string text = "start\nvalue tok_9f8e7d6c5b4a and ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789 end";
+  std::string text =
+      "start\nvalue tok_9f8e7d6c5b4a and ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789 end";
   std::vector<std::string_view> bytes;
-  for (std::size_t i = 0; i < text.size(); ++i) bytes.push_back(std::string_view(text).substr(i, 1));
+  for (std::size_t i = 0; i < text.size(); ++i)
+    bytes.push_back(std::string_view(text).substr(i, 1));
   auto out = stream_all(s, bytes);
   CHECK(no_piece_of(out, "tok_9f8e7d6c5b4a", 6));
   CHECK(no_piece_of(out, "ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789"));
@@ -244,7 +281,8 @@ TEST_CASE("a secret straddling the forced cut of a very long line is redacted in
     line.replace(at, secret.size(), secret);
     line[at + secret.size()] = ' ';
     std::vector<std::string_view> chunks;
-    for (std::size_t i = 0; i < line.size(); i += 1000) chunks.push_back(std::string_view(line).substr(i, 1000));
+    for (std::size_t i = 0; i < line.size(); i += 1000)
+      chunks.push_back(std::string_view(line).substr(i, 1000));
     auto out = stream_all(s, chunks);
     INFO("secret at " << at);
     CHECK(no_piece_of(out, secret));
@@ -252,13 +290,18 @@ TEST_CASE("a secret straddling the forced cut of a very long line is redacted in
   }
 }
 
-TEST_CASE("a private key block longer than one chunk is redacted line by line", "[sandbox][scrub]") {
+TEST_CASE("a private key block longer than one chunk is redacted line by line",
+          "[sandbox][scrub]") {
   scrubber s;
   std::string body;
-  for (int i = 0; i < 40; ++i) body += "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVphYmNkZWZnaGlqa2xtbm9wcXJzdHV2" + std::to_string(i) + "\n";
-  std::string text = "before\n-----BEGIN PRIVATE KEY-----\n" + body + "-----END PRIVATE KEY-----\nafter\n";
+  for (int i = 0; i < 40; ++i)
+    body += "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVphYmNkZWZnaGlqa2xtbm9wcXJzdHV2" + std::to_string(i) +
+            "\n";
+  std::string text =
+      "before\n-----BEGIN PRIVATE KEY-----\n" + body + "-----END PRIVATE KEY-----\nafter\n";
   std::vector<std::string_view> chunks;
-  for (std::size_t i = 0; i < text.size(); i += 100) chunks.push_back(std::string_view(text).substr(i, 100));
+  for (std::size_t i = 0; i < text.size(); i += 100)
+    chunks.push_back(std::string_view(text).substr(i, 100));
   auto out = stream_all(s, chunks);
   CHECK(out.find("QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVph") == std::string::npos);
   CHECK(out.find("before\n") == 0);

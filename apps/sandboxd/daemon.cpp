@@ -1,7 +1,8 @@
 #include "daemon.hpp"
 
-#include "tether/protocol/ids.hpp"
-#include "tether/runtime/crash_point.hpp"
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -11,14 +12,13 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
-
 #include <cerrno>
 #include <csignal>
 #include <cstring>
-#include <fcntl.h>
 #include <iostream>
-#include <sys/stat.h>
-#include <unistd.h>
+
+#include "tether/protocol/ids.hpp"
+#include "tether/runtime/crash_point.hpp"
 
 namespace tether::sandboxd {
 
@@ -127,7 +127,8 @@ class connection : public std::enable_shared_from_this<connection> {
     if (ec || !v.is_object()) return 0;
     auto* id = v.get_object().if_contains("id");
     if (id && id->is_uint64()) return id->get_uint64();
-    if (id && id->is_int64() && id->get_int64() > 0) return static_cast<std::uint64_t>(id->get_int64());
+    if (id && id->is_int64() && id->get_int64() > 0)
+      return static_cast<std::uint64_t>(id->get_int64());
     return 0;
   }
 
@@ -331,14 +332,16 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
     return wire::error_rep{"invalid", "cwd '" + r.cwd + "' cannot be used (" +
                                           std::strerror(errno) + "); nothing was started"};
   if (!S_ISDIR(st.st_mode))
-    return wire::error_rep{"invalid", "cwd '" + r.cwd + "' is not a directory; nothing was started"};
+    return wire::error_rep{"invalid",
+                           "cwd '" + r.cwd + "' is not a directory; nothing was started"};
   job_id id = r.job.empty() ? job_id(protocol::mint("job")) : r.job;
   if (auto existing = find(id)) {
     wire::started_rep s{id, existing->rec.pid, true};
     return s;
   }
   auto j = std::make_shared<job>(io_, cfg_.retain_bytes);
-  j->scrub = std::make_unique<protocol::scrubber>(protocol::scrub_rules::from_env(r.env, r.secret_names));
+  j->scrub =
+      std::make_unique<protocol::scrubber>(protocol::scrub_rules::from_env(r.env, r.secret_names));
   j->stream = std::make_unique<protocol::stream_scrubber>(*j->scrub);
   j->dir = cfg_.state_dir / "jobs" / id.str();
   auto& rec = j->rec;
@@ -358,13 +361,15 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
   auto slot = pool_ ? pool_->take() : std::nullopt;
   if (!slot || ::rename(slot->c_str(), j->dir.c_str()) != 0) fs::create_directories(j->dir, ec);
   if (ec)
-    return wire::error_rep{"io", "cannot create " + j->dir.string() + ": " + ec.message() +
-                                     "; nothing was started"};
+    return wire::error_rep{
+        "io", "cannot create " + j->dir.string() + ": " + ec.message() + "; nothing was started"};
   if (auto w = write_record(j->dir, rec); !w)
     return wire::error_rep{"io", w.error().message + "; nothing was started"};
   TETHER_CRASH_POINT("sandboxd.job_recorded");
-  j->out_file = ::open((j->dir / "output").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
-  spawn_request sr{r.command, r.cwd, r.env, (j->dir / "status").string(), r.isolate, r.allow_network};
+  j->out_file = ::open((j->dir / "output").c_str(),
+                       O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+  spawn_request sr{r.command, r.cwd,          r.env, (j->dir / "status").string(),
+                   r.isolate, r.allow_network};
   auto sp = spawn_job(cfg_.tools, sr);
   if (!sp.ok) {
     fs::remove_all(j->dir, ec);
@@ -540,8 +545,8 @@ wire::reply_body daemon::expire(const wire::expire_req& r) {
     auto j = find(*r.job);
     if (!j) return not_found(*r.job);
     if (j->running())
-      return wire::error_rep{"refused", "job '" + r.job->str() +
-                                            "' is still running; only completed jobs expire"};
+      return wire::error_rep{
+          "refused", "job '" + r.job->str() + "' is still running; only completed jobs expire"};
     erase(r.job->str());
     rep.jobs.push_back(*r.job);
     return rep;
@@ -556,7 +561,8 @@ wire::reply_body daemon::expire(const wire::expire_req& r) {
   return rep;
 }
 
-awaitable<void> daemon::attach(std::shared_ptr<connection> c, std::uint64_t id, wire::attach_req r) {
+awaitable<void> daemon::attach(std::shared_ptr<connection> c, std::uint64_t id,
+                               wire::attach_req r) {
   auto j = find(r.job);
   if (!j) {
     co_await c->send(id, not_found(r.job));
@@ -595,7 +601,8 @@ awaitable<void> daemon::kill(std::shared_ptr<connection> c, std::uint64_t id, wi
   if (!j->kill_started) {
     j->kill_started = true;
     j->rec.kill_requested = true;
-    if (auto w = write_record(j->dir, j->rec); !w) log("job " + j->rec.job + ": " + w.error().message);
+    if (auto w = write_record(j->dir, j->rec); !w)
+      log("job " + j->rec.job + ": " + w.error().message);
     auto wait = r.wait_ms ? std::chrono::milliseconds(*r.wait_ms) : cfg_.kill_wait;
     asio::co_spawn(io_, kill_sequence(j, wait), asio::detached);
   }
@@ -631,8 +638,8 @@ awaitable<void> daemon::kill_sequence(std::shared_ptr<job> j, std::chrono::milli
     auto b = deadline.async_wait(use_awaitable);
     auto which = co_await (std::move(a) || std::move(b));
     if (which.index() == 1) {
-      log("job " + j->rec.job + ": process group " + std::to_string(pgid) + " outlived SIGTERM by " +
-          std::to_string(wait.count()) + " ms; sending SIGKILL");
+      log("job " + j->rec.job + ": process group " + std::to_string(pgid) +
+          " outlived SIGTERM by " + std::to_string(wait.count()) + " ms; sending SIGKILL");
       ::kill(-pgid, SIGKILL);
       escalated = true;
     }
@@ -676,17 +683,17 @@ result<void> daemon::recover() {
       continue;
     }
     if (!rec)
-      return error{rec.error().code, "refusing to start: " + rec.error().message +
-                                         "; nothing was changed"};
+      return error{rec.error().code,
+                   "refusing to start: " + rec.error().message + "; nothing was changed"};
     auto j = std::make_shared<job>(io_, cfg_.retain_bytes);
     j->rec = std::move(*rec);
     j->dir = entry.path();
     if (auto out = read_file(j->dir / "output"); out) {
       if (j->rec.output_final && j->rec.head_len <= out->size()) {
         std::string_view all(*out);
-        j->out = protocol::head_tail::restore(all.substr(0, j->rec.head_len), all.substr(j->rec.head_len),
-                                              j->rec.output_total, cfg_.retain_bytes / 2,
-                                              cfg_.retain_bytes / 2);
+        j->out = protocol::head_tail::restore(all.substr(0, j->rec.head_len),
+                                              all.substr(j->rec.head_len), j->rec.output_total,
+                                              cfg_.retain_bytes / 2, cfg_.retain_bytes / 2);
       } else {
         j->out.append(*out);
       }
@@ -700,8 +707,7 @@ result<void> daemon::recover() {
       continue;
     }
     if (j->rec.state == "starting") {
-      finalize(j, std::nullopt,
-               "the daemon stopped while launching this job; it may not have run");
+      finalize(j, std::nullopt, "the daemon stopped while launching this job; it may not have run");
       continue;
     }
     auto pid = static_cast<pid_t>(j->rec.pid);

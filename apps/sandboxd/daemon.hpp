@@ -9,23 +9,21 @@
 // readable, never a sleep. Waiters (attach followers, kills, list watchers)
 // wait on `changed_`, a timer used as a condition variable: every state change
 // cancels it and each waiter re-checks what it waits for.
-#include "job_store.hpp"
-#include "launcher.hpp"
-#include "slot_pool.hpp"
-
-#include "tether/protocol/output_tail.hpp"
-#include "tether/protocol/sandbox_wire.hpp"
-#include "tether/protocol/scrub.hpp"
-
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/steady_timer.hpp>
-
 #include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
+
+#include "job_store.hpp"
+#include "launcher.hpp"
+#include "slot_pool.hpp"
+#include "tether/protocol/output_tail.hpp"
+#include "tether/protocol/sandbox_wire.hpp"
+#include "tether/protocol/scrub.hpp"
 
 namespace tether::sandboxd {
 
@@ -45,8 +43,7 @@ struct daemon_config {
 };
 
 struct job {
-  explicit job(asio::io_context& io, std::size_t retain)
-      : out(retain / 2, retain / 2), grace(io) {}
+  explicit job(asio::io_context& io, std::size_t retain) : out(retain / 2, retain / 2), grace(io) {}
   ~job();
 
   job_record rec;

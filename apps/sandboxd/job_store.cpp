@@ -1,17 +1,17 @@
 #include "job_store.hpp"
 
-#include "slot_pool.hpp"
-
-#include "tether/protocol/ids.hpp"
-#include "tether/protocol/json.hpp"
-#include "tether/protocol/sandbox_wire.hpp"
-#include "tether/runtime/crash_point.hpp"
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <fcntl.h>
-#include <unistd.h>
+
+#include "slot_pool.hpp"
+#include "tether/protocol/ids.hpp"
+#include "tether/protocol/json.hpp"
+#include "tether/protocol/sandbox_wire.hpp"
+#include "tether/runtime/crash_point.hpp"
 
 namespace tether::sandboxd {
 
@@ -26,7 +26,8 @@ std::int64_t now_ms() {
 
 namespace {
 // Writes `content` to the open `fd` of `tmp`, closes it, and renames tmp to p.
-result<void> finish_atomic(int fd, const fs::path& tmp, const fs::path& p, std::string_view content) {
+result<void> finish_atomic(int fd, const fs::path& tmp, const fs::path& p,
+                           std::string_view content) {
   std::size_t off = 0;
   while (off < content.size()) {
     ssize_t n = ::write(fd, content.data() + off, content.size() - off);
@@ -88,14 +89,16 @@ result<identity> load_identity(const fs::path& dir, const std::string& wanted_id
       return error{errc::corrupt, "refusing to start: " + file.string() + " does not parse (" +
                                       v.error().describe() + "); nothing was changed"};
     auto f = fields::of(*v);
-    if (!f) return error{errc::corrupt, "refusing to start: " + file.string() + ": " + f.error().describe()};
+    if (!f)
+      return error{errc::corrupt,
+                   "refusing to start: " + file.string() + ": " + f.error().describe()};
     auto sid = f->str("sandbox_id");
     auto gen = f->i64("generation");
     if (!sid || !gen || *gen < 1)
       return error{errc::corrupt, "refusing to start: " + file.string() + ": " +
-                                      (!sid ? sid.error().describe()
-                                            : !gen ? gen.error().describe()
-                                                   : std::string("generation must be >= 1")) +
+                                      (!sid   ? sid.error().describe()
+                                       : !gen ? gen.error().describe()
+                                              : std::string("generation must be >= 1")) +
                                       "; nothing was changed"};
     id.sandbox_id = *sid;
     id.generation = static_cast<std::uint64_t>(*gen);
@@ -114,7 +117,8 @@ result<identity> load_identity(const fs::path& dir, const std::string& wanted_id
   if (replace) {
     // The old generation's jobs describe a machine that no longer exists.
     fs::remove_all(dir / "jobs", ec);
-    if (ec) return error{errc::io, "cannot remove " + (dir / "jobs").string() + ": " + ec.message()};
+    if (ec)
+      return error{errc::io, "cannot remove " + (dir / "jobs").string() + ": " + ec.message()};
   }
   json::object o{{"sandbox_id", id.sandbox_id}, {"generation", id.generation}};
   if (auto w = write_file_atomic(file, protocol::to_text(o)); !w) return w.error();
@@ -205,7 +209,8 @@ result<job_record> read_record(const fs::path& job_dir) {
     r.done = std::move(*c);
   }
   if (r.job != job_dir.filename().string())
-    return error{errc::corrupt, file.string() + ": job id '" + r.job + "' does not match its directory"};
+    return error{errc::corrupt,
+                 file.string() + ": job id '" + r.job + "' does not match its directory"};
   return r;
 }
 

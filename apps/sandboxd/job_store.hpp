@@ -12,14 +12,14 @@
 // must survive the daemon process dying (the page cache does), and a machine
 // crash ends the sandbox's processes anyway. Nothing here holds a raw secret:
 // commands are stored scrubbed and output is scrubbed before it is written.
-#include "tether/protocol/notice.hpp"
-#include "tether/runtime/error.hpp"
-
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "tether/protocol/notice.hpp"
+#include "tether/runtime/error.hpp"
 
 namespace tether::sandboxd {
 
@@ -37,7 +37,7 @@ result<identity> load_identity(const fs::path& dir, const std::string& wanted_id
 
 struct job_record {
   std::string job;
-  std::string command;  // scrubbed
+  std::string command;             // scrubbed
   protocol::pipeline_shape shape;  // of the raw command, each stage scrubbed
   std::string cwd;
   bool isolate = false;

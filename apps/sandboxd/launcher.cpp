@@ -1,17 +1,18 @@
 #include "launcher.hpp"
 
-#include <cerrno>
-#include <csignal>
-#include <cstring>
 #include <dirent.h>
 #include <fcntl.h>
-#include <filesystem>
-#include <fstream>
 #include <spawn.h>
-#include <sstream>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 namespace tether::sandboxd {
 
@@ -77,8 +78,8 @@ spawn_result spawn_job(const launcher_config& cfg, const spawn_request& r) {
 
   std::vector<std::string> argv;
   if (r.isolate) {
-    argv = {cfg.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--tmpfs", "/tmp", "--bind", r.cwd, r.cwd, "--unshare-all"};
+    argv = {cfg.bwrap, "--ro-bind", "/",    "/",      "--dev", "/dev", "--proc",
+            "/proc",   "--tmpfs",   "/tmp", "--bind", r.cwd,   r.cwd,  "--unshare-all"};
     if (r.allow_network) argv.push_back("--share-net");
     argv.insert(argv.end(), {"--chdir", r.cwd, "--"});
   }
@@ -110,8 +111,8 @@ spawn_result spawn_job(const launcher_config& cfg, const spawn_request& r) {
   sigemptyset(&defaults);
   for (int s : {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGCHLD, SIGUSR1, SIGUSR2, SIGALRM})
     sigaddset(&defaults, s);
-  posix_spawnattr_setflags(&at.a, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-                                      POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setflags(&at.a,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   posix_spawnattr_setpgroup(&at.a, 0);
   posix_spawnattr_setsigmask(&at.a, &none);
   posix_spawnattr_setsigdefault(&at.a, &defaults);

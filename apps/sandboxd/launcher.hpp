@@ -31,9 +31,9 @@ struct spawn_request {
 };
 
 struct spawned {
-  pid_t pid = -1;           // the shell (or bwrap), leader of its own process group
-  int output_fd = -1;       // read end of stdout+stderr, non-blocking, close-on-exec
-  int pidfd = -1;           // readable once `pid` exits
+  pid_t pid = -1;                // the shell (or bwrap), leader of its own process group
+  int output_fd = -1;            // read end of stdout+stderr, non-blocking, close-on-exec
+  int pidfd = -1;                // readable once `pid` exits
   std::uint64_t start_time = 0;  // /proc/<pid>/stat starttime, to recognise the pid later
 };
 

@@ -2,21 +2,20 @@
 //                 [--kill-wait-ms N] [--retain-bytes N] [--idle-exit-ms N] [--ready-fd FD]
 //
 // One daemon per sandbox state directory. See docs/sandbox.md.
-#include "daemon.hpp"
-
-#include "tether/runtime/crash_point.hpp"
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <boost/asio/signal_set.hpp>
-
 #include <cerrno>
 #include <charconv>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <fcntl.h>
 #include <string>
-#include <sys/file.h>
-#include <unistd.h>
+
+#include "daemon.hpp"
+#include "tether/runtime/crash_point.hpp"
 
 namespace tether::sandboxd {
 
@@ -140,4 +139,6 @@ int daemon_main(int argc, char** argv) {
 
 }  // namespace tether::sandboxd
 
-int main(int argc, char** argv) { return tether::sandboxd::daemon_main(argc, argv); }
+int main(int argc, char** argv) {
+  return tether::sandboxd::daemon_main(argc, argv);
+}

@@ -1,15 +1,17 @@
 #include "slot_pool.hpp"
 
 #include <fcntl.h>
+#include <unistd.h>
+
 #include <string>
 #include <vector>
-#include <unistd.h>
 
 namespace tether::sandboxd {
 
 namespace fs = std::filesystem;
 
-slot_pool::slot_pool(fs::path spare_dir, std::size_t target) : dir_(std::move(spare_dir)), target_(target) {
+slot_pool::slot_pool(fs::path spare_dir, std::size_t target)
+    : dir_(std::move(spare_dir)), target_(target) {
   std::error_code ec;
   fs::remove_all(dir_, ec);  // half-built slots of an earlier run
   fs::create_directories(dir_, ec);
@@ -49,14 +51,17 @@ void slot_pool::run() {
     fs::path ready = dir_ / ("ready-" + std::to_string(n));
     ++n;
     std::error_code ec;
-    if (!fs::create_directory(building, ec) || ec) return;  // the state dir is unusable; launches fall back
+    if (!fs::create_directory(building, ec) || ec)
+      return;  // the state dir is unusable; launches fall back
     bool ok = true;
     std::vector<std::string> files = {"output", "status"};
     for (int k = 0; k < k_record_spares; ++k) files.push_back("job.json.tmp." + std::to_string(k));
     for (auto& f : files) {
       int fd = ::open((building / f).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-      if (fd < 0) ok = false;
-      else ::close(fd);
+      if (fd < 0)
+        ok = false;
+      else
+        ::close(fd);
     }
     if (!ok || ::rename(building.c_str(), ready.c_str()) != 0) return;
     std::lock_guard lk(m_);

@@ -6,16 +6,14 @@
 // model would read it, and exits with the failing stage's status (or 0;
 // 128+N when killed by signal N; 255 when the status is unknown; 125 when
 // tether itself failed).
-#include "command.hpp"
-
-#include "tether/actors/sandbox_client.hpp"
-#include "tether/runtime/sync_wait.hpp"
-
 #include <boost/asio/io_context.hpp>
-
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
+
+#include "command.hpp"
+#include "tether/actors/sandbox_client.hpp"
+#include "tether/runtime/sync_wait.hpp"
 
 namespace tether::cli {
 
