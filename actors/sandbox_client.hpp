@@ -121,6 +121,8 @@ class sandbox_client {
 
   /// Output of `job` this client has received (already scrubbed), or nullptr.
   const protocol::head_tail* retained(const job_id& job) const;
+  /// Drops what this client keeps for `job` (after its notice was delivered).
+  void forget(const job_id& job) { seen_.erase(job.str()); }
 
   void close();
 

@@ -11,6 +11,7 @@
 #include <charconv>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -24,7 +25,8 @@ namespace {
 constexpr const char* k_usage =
     "usage: tether-sandboxd --state-dir DIR [--sandbox-id ID] [--replace] [--grace-ms N]\n"
     "                       [--kill-wait-ms N] [--retain-bytes N] [--idle-exit-ms N]\n"
-    "                       [--ready-fd FD]\n";
+    "                       [--ready-fd FD]\n"
+    "       tether-sandboxd --crash-points\n";
 
 int fail(const std::string& msg) {
   std::fprintf(stderr, "tether-sandboxd: %s\n", msg.c_str());
@@ -47,6 +49,11 @@ void say(int fd, const std::string& line) {
 
 int daemon_main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
+  // A host armed for its own crash points starts daemons with the same
+  // environment; only "sandboxd." points are the daemon's to take.
+  if (const char* at = std::getenv("TETHER_CRASH_AT");
+      at && std::string(at).rfind("sandboxd.", 0) != 0)
+    ::unsetenv("TETHER_CRASH_AT");
   if (auto r = runtime::check_crash_env(); !r) return fail(r.error().message);
   daemon_config cfg;
   std::string wanted_id;
@@ -82,6 +89,9 @@ int daemon_main(int argc, char** argv) {
       cfg.idle_exit = std::chrono::milliseconds(n);
     } else if (a == "--ready-fd" && number(n)) {
       ready_fd = static_cast<int>(n);
+    } else if (a == "--crash-points") {
+      for (auto& name : runtime::crash_point_names()) std::printf("%s\n", name.c_str());
+      return 0;
     } else if (a == "-h" || a == "--help") {
       std::fputs(k_usage, stdout);
       return 0;
