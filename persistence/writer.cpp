@@ -147,6 +147,9 @@ void writer::run_batch(std::deque<std::unique_ptr<detail::request>>& batch) {
                                     "; it was rolled back alone"};
     }
     try {
+      // A request may leave a cached statement mid-step (a RETURNING read
+      // once): reset them so the savepoint can be released.
+      reset_cached_statements();
       if (err) exec(rollback_to_);
       exec(release_);
     } catch (const std::exception& e) {
