@@ -99,8 +99,7 @@ result<std::shared_ptr<session>> host::get(const session_id& s) {
   info.agent = (*row)->agent;
   info.description = (*row)->description;
   if (info.parent) {
-    auto& p = directory_[*info.parent].children;
-    if (std::find(p.begin(), p.end(), s) == p.end()) p.push_back(s);
+    directory_[*info.parent].children.insert(s);
   }
   return ptr;
 }
@@ -115,8 +114,7 @@ void host::note_phase(const session_id& s, bool busy, bool settling, bool foregr
 
 void host::note_child(const session_id& parent, const session_id& child) {
   std::lock_guard lk(m_);
-  auto& p = directory_[parent].children;
-  if (std::find(p.begin(), p.end(), child) == p.end()) p.push_back(child);
+  directory_[parent].children.insert(child);
   directory_[child].parent = parent;
 }
 
@@ -327,8 +325,7 @@ awaitable<result<boot_report>> host::boot() {
     i.agent = s.agent;
     i.description = s.description;
     if (s.parent) {
-      auto& p = directory_[*s.parent].children;
-      if (std::find(p.begin(), p.end(), s.id) == p.end()) p.push_back(s.id);
+      directory_[*s.parent].children.insert(s.id);
     }
   }
 
@@ -424,14 +421,15 @@ awaitable<result<boot_report>> host::boot() {
   // with reports waiting in its inbox is woken too.
   auto refreshed = store_->sessions();
   if (!refreshed) co_return error{refreshed.error().code, "refusing to boot: " + refreshed.error().message};
+  auto pending_inbox = store_->sessions_with_pending_inbox();
+  if (!pending_inbox)
+    co_return error{pending_inbox.error().code, "refusing to boot: " + pending_inbox.error().message};
+  std::set<session_id> with_pending(pending_inbox->begin(), pending_inbox->end());
   for (int phase = 2; phase <= 3; ++phase) {
     for (auto& s : *refreshed) {
       bool top = !s.parent.has_value();
       if ((phase == 2) != top) continue;
-      auto inbox = store_->inbox(s.id);
-      bool pending = false;
-      if (inbox)
-        for (auto& i : *inbox) pending |= !i.acked;
+      bool pending = with_pending.count(s.id) > 0;
       bool suspended = s.time_suspended.has_value();
       bool owes_job = children_with_jobs.count(s.id) > 0;
       if (suspended && !top && !owes_job) {

@@ -19,6 +19,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -127,7 +128,7 @@ class host {
     bool busy = false;
     bool settling = false;
     bool foreground = false;
-    std::vector<session_id> children;
+    std::set<session_id> children;
   };
 
   host_options opts_;

@@ -155,16 +155,15 @@ awaitable<void> session::handle(session_message& m) {
     if (seq) this->ring(in->kind == "steer" ? wake_scope::steer : wake_scope::input);
     in->reply.send(std::move(seq));
   } else if (auto* a = std::get_if<admit>(&m)) {
+    // Queue the write now (the writer keeps arrival order) and answer after
+    // its COMMIT without holding the mailbox: admits from many children then
+    // share one transaction.
     std::vector<notification_id> nids;
     for (auto& i : a->items) nids.push_back(i.nid);
-    auto r = co_await host_.store().admit(id(), std::move(a->items));
-    if (r) {
-      inbox_dirty_ = true;
-      if (auto* o = host_.observer())
-        for (std::size_t i = 0; i < nids.size(); ++i)
-          if ((*r)[i]) o->admitted(id(), nids[i]);
-    }
-    a->reply.send(std::move(r));
+    auto st = host_.store().admit_submit(id(), std::move(a->items));
+    auto ex = get_executor();
+    asio::co_spawn(ex, finish_admit(shared_from_this(), st, std::move(nids), std::move(a->reply)),
+                   asio::detached);
   } else if (auto* b = std::get_if<bind_job>(&m)) {
     // A follow-up may have changed the link's notify setting.
     if (auto r = host_.store().session(id()); r && *r) row_.notify = (*r)->notify;
@@ -250,6 +249,20 @@ awaitable<void> session::handle(session_message& m) {
   }
 }
 
+awaitable<void> session::finish_admit(
+    std::shared_ptr<session> self,
+    std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> st,
+    std::vector<notification_id> nids, reply_to<std::vector<bool>> reply) {
+  auto r = co_await st->async_wait(asio::use_awaitable);
+  if (r) {
+    self->inbox_dirty_ = true;
+    if (auto* o = self->host_.observer())
+      for (std::size_t i = 0; i < nids.size(); ++i)
+        if ((*r)[i]) o->admitted(self->id(), nids[i]);
+  }
+  reply.send(std::move(r));
+}
+
 void session::ring(wake_scope s) {
   if (stopping_) return;
   if (phase_ == phase::idle) {
@@ -282,20 +295,17 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     queued_jobs_.pop_front();
   }
   auto begun = co_await store.begin_busy(id());
-  auto row = store.session(id());
-  if (!begun || !row || !*row) {
-    host_.warn("session " + id().str() + ": cannot open a busy period: " +
-               (!begun ? begun.error().message
-                       : !row ? row.error().message : std::string("session row missing")));
+  if (!begun) {
+    host_.warn("session " + id().str() + ": cannot open a busy period: " + begun.error().message);
     phase_ = phase::idle;
     host_.note_phase(id(), false, false, false);
     busy_done_->set(0);
     host_.activity(-1);
     co_return;
   }
-  started_seq_ = (*row)->seq;
+  started_seq_ = begun->seq;
   if (auto* o = host_.observer()) o->started(id(), started_seq_);
-  std::int64_t cursor = (*row)->input_cursor;
+  std::int64_t cursor = begun->input_cursor;
   failed_ = false;
   error_text_.clear();
   auto ctx = std::make_shared<context>(self);

@@ -106,6 +106,10 @@ class session : public runtime::actor<session, session_message> {
   awaitable<void> run_drain(std::shared_ptr<context> ctx, drain_input in);
   awaitable<void> settle();
   void release_waiters();
+  static awaitable<void> finish_admit(
+      std::shared_ptr<session> self,
+      std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> st,
+      std::vector<notification_id> nids, reply_to<std::vector<bool>> reply);
 
   host& host_;
   session_row row_;

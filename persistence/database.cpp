@@ -11,6 +11,14 @@
 
 namespace tether::persistence {
 
+namespace {
+// Every connection is used by one thread at a time (the writer's, or a
+// reader lease), so SQLite's per-connection mutexes and its global memory
+// accounting only cost time. The config call is refused harmlessly if the
+// embedding program already started SQLite.
+const int k_sqlite_config = [] { return sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0); }();
+}  // namespace
+
 std::string sqlite_message(const std::exception& e) {
   if (auto* s = dynamic_cast<const SQLite::Exception*>(&e))
     return std::string(s->what()) + " (sqlite code " + std::to_string(s->getExtendedErrorCode()) + ")";
@@ -58,8 +66,8 @@ result<void> migrate(SQLite::Database& db) {
 
 result<std::unique_ptr<SQLite::Database>> open_for_write(const db_options& opts) {
   try {
-    auto db = std::make_unique<SQLite::Database>(opts.path,
-                                                 SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+    auto db = std::make_unique<SQLite::Database>(
+        opts.path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE | SQLite::OPEN_NOMUTEX);
     db->setBusyTimeout(5000);
     if (auto r = check_identity(*db, opts.path); !r) return r.error();
     db->exec("PRAGMA journal_mode = WAL");
@@ -118,7 +126,7 @@ reader_pool::lease reader_pool::acquire() {
       return lease(this, std::move(db));
     }
   }
-  auto db = std::make_unique<SQLite::Database>(path_, SQLite::OPEN_READONLY);
+  auto db = std::make_unique<SQLite::Database>(path_, SQLite::OPEN_READONLY | SQLite::OPEN_NOMUTEX);
   db->setBusyTimeout(5000);
   return lease(this, std::move(db));
 }

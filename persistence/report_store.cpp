@@ -209,14 +209,18 @@ awaitable<result<std::int64_t>> report_store::append(session_id s, std::string r
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
-awaitable<result<void>> report_store::begin_busy(session_id s) {
+awaitable<result<report_store::busy_start>> report_store::begin_busy(session_id s) {
   auto name = "begin busy period of " + s.str();
-  auto fn = [s = std::move(s)](SQLite::Database& db) {
-    auto& st = cached_statement(db, "UPDATE sessions SET status = 'busy', "
-                         "time_suspended = coalesce(time_suspended, ?) WHERE id = ?");
+  auto fn = [s = std::move(s)](SQLite::Database& db) -> result<busy_start> {
+    auto& st = cached_statement(db,
+                                "UPDATE sessions SET status = 'busy', "
+                                "time_suspended = coalesce(time_suspended, ?) WHERE id = ? "
+                                "RETURNING seq, input_cursor");
     st.bind(1, now_ms());
     st.bind(2, s.str());
-    st.exec();
+    if (!st.executeStep())
+      return error{errc::not_found, "session '" + s.str() + "' does not exist"};
+    return busy_start{st.getColumn(0).getInt64(), st.getColumn(1).getInt64()};
   };
   co_return co_await w_.write(std::move(name), 32, std::move(fn));
 }
@@ -295,8 +299,8 @@ awaitable<result<settle_result>> report_store::settle(settle_request req) {
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
-awaitable<result<std::vector<bool>>> report_store::admit(session_id to,
-                                                         std::vector<report_item> items) {
+std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> report_store::admit_submit(
+    session_id to, std::vector<report_item> items) {
   auto name = "admit " + std::to_string(items.size()) + " report(s) to " + to.str();
   std::size_t bytes = 64;
   for (auto& i : items) bytes += i.body.size() + 96;
@@ -326,7 +330,13 @@ awaitable<result<std::vector<bool>>> report_store::admit(session_id to,
     }
     return out;
   };
-  co_return co_await w_.write(std::move(name), bytes, std::move(fn));
+  return w_.submit(std::move(name), bytes, std::move(fn));
+}
+
+awaitable<result<std::vector<bool>>> report_store::admit(session_id to,
+                                                         std::vector<report_item> items) {
+  auto st = admit_submit(std::move(to), std::move(items));
+  co_return co_await st->async_wait(asio::use_awaitable);
 }
 
 awaitable<result<void>> report_store::complete(std::vector<notification_id> nids) {
@@ -534,6 +544,18 @@ result<std::vector<inbox_row>> report_reader::inbox(const session_id& s) {
     return out;
   } catch (const std::exception& e) {
     return read_failed("reading inbox of " + s.str(), e);
+  }
+}
+
+result<std::vector<session_id>> report_reader::sessions_with_pending_inbox() {
+  try {
+    auto db = readers_.acquire();
+    SQLite::Statement q(*db, "SELECT DISTINCT session_id FROM inbox WHERE state = 'pending'");
+    std::vector<session_id> out;
+    while (q.executeStep()) out.emplace_back(q.getColumn(0).getString());
+    return out;
+  } catch (const std::exception& e) {
+    return read_failed("reading pending inboxes", e);
   }
 }
 

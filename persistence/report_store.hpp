@@ -108,6 +108,8 @@ class report_reader {
   /// How many user messages the session has up to and including seq.
   result<std::int64_t> user_ordinal(const session_id& s, std::int64_t seq);
   result<std::vector<inbox_row>> inbox(const session_id& s);
+  /// Sessions with at least one report admitted and not yet acknowledged.
+  result<std::vector<session_id>> sessions_with_pending_inbox();
   /// The newest completed, error-free assistant message with seq > after,
   /// paging backwards 20 rows at a time.
   result<std::optional<message_row>> last_assistant_after(const session_id& s, std::int64_t after);
@@ -127,8 +129,13 @@ class report_store : public report_reader {
   /// Appends a transcript message; returns its seq.
   awaitable<result<std::int64_t>> append(session_id s, std::string role, std::string kind,
                                          std::string status, std::string text);
-  /// Opens a busy period on disk: status busy and the claim set.
-  awaitable<result<void>> begin_busy(session_id s);
+  /// Opens a busy period on disk: status busy and the claim set. Returns the
+  /// session's durable seq then (startedSeq) and its input cursor.
+  struct busy_start {
+    std::int64_t seq = 0;
+    std::int64_t input_cursor = 0;
+  };
+  awaitable<result<busy_start>> begin_busy(session_id s);
   /// Creates a child (unless it exists), appends its prompt and, for a
   /// background job, writes the running row: all in one transaction, before
   /// the child's busy period can start.
@@ -142,6 +149,10 @@ class report_store : public report_reader {
   /// id was already there (the repeat is dropped). errc::not_found if the
   /// session is gone (nothing admitted).
   awaitable<result<std::vector<bool>>> admit(session_id to, std::vector<report_item> items);
+  /// admit() without waiting: queued now (so the writer keeps the order of
+  /// calls), resolved after its COMMIT.
+  std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> admit_submit(
+      session_id to, std::vector<report_item> items);
   /// The job rows complete: their reports are in the inbox, the outbox rows go.
   awaitable<result<void>> complete(std::vector<notification_id> nids);
   /// Moves pending inbox rows into the transcript and acknowledges them, in

@@ -60,6 +60,9 @@ CREATE TABLE inbox (
   admitted_at     INTEGER NOT NULL,
   PRIMARY KEY (session_id, notification_id)
 ) WITHOUT ROWID;
+-- take_inbox reads only pending rows, in admission order.
+CREATE INDEX inbox_pending ON inbox(session_id, admitted_seq, admitted_at, notification_id)
+  WHERE state = 'pending';
 )sql",
   };
   return steps;
