@@ -112,23 +112,36 @@ result<int> check_readable(const std::string& path) {
 }
 
 reader_pool::lease::~lease() {
-  if (!db_) return;
+  if (!c_) return;
+  for (auto& [sql, st] : c_->cache) st->reset();
   std::lock_guard lk(p_->m_);
-  p_->free_.push_back(std::move(db_));
+  p_->free_.push_back(std::move(c_));
+}
+
+SQLite::Statement& reader_pool::lease::statement(const std::string& sql) {
+  auto& slot = c_->cache[sql];
+  if (!slot) {
+    slot = std::make_unique<SQLite::Statement>(*c_->db, sql);
+  } else {
+    slot->reset();
+    slot->clearBindings();
+  }
+  return *slot;
 }
 
 reader_pool::lease reader_pool::acquire() {
   {
     std::lock_guard lk(m_);
     if (!free_.empty()) {
-      auto db = std::move(free_.back());
+      auto c = std::move(free_.back());
       free_.pop_back();
-      return lease(this, std::move(db));
+      return lease(this, std::move(c));
     }
   }
-  auto db = std::make_unique<SQLite::Database>(path_, SQLite::OPEN_READONLY | SQLite::OPEN_NOMUTEX);
-  db->setBusyTimeout(5000);
-  return lease(this, std::move(db));
+  auto c = std::make_unique<connection>();
+  c->db = std::make_unique<SQLite::Database>(path_, SQLite::OPEN_READONLY | SQLite::OPEN_NOMUTEX);
+  c->db->setBusyTimeout(5000);
+  return lease(this, std::move(c));
 }
 
 }  // namespace tether::persistence

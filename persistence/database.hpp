@@ -4,12 +4,14 @@
 #include "tether/runtime/error.hpp"
 
 #include <SQLiteCpp/Database.h>
+#include <SQLiteCpp/Statement.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace tether::persistence {
@@ -48,17 +50,27 @@ class reader_pool {
  public:
   explicit reader_pool(std::string path) : path_(std::move(path)) {}
 
+  /// A read connection with its prepared statements.
+  struct connection {
+    std::unique_ptr<SQLite::Database> db;
+    std::unordered_map<std::string, std::unique_ptr<SQLite::Statement>> cache;
+  };
+
   class lease {
    public:
-    lease(reader_pool* p, std::unique_ptr<SQLite::Database> db) : p_(p), db_(std::move(db)) {}
+    lease(reader_pool* p, std::unique_ptr<connection> c) : p_(p), c_(std::move(c)) {}
     lease(lease&&) = default;
     ~lease();
-    SQLite::Database& operator*() { return *db_; }
-    SQLite::Database* operator->() { return db_.get(); }
+    SQLite::Database& operator*() { return *c_->db; }
+    SQLite::Database* operator->() { return c_->db.get(); }
+    /// A statement prepared once per connection; comes back reset, bindings
+    /// cleared. Every one is reset again when the lease ends, so no read
+    /// snapshot outlives it.
+    SQLite::Statement& statement(const std::string& sql);
 
    private:
     reader_pool* p_;
-    std::unique_ptr<SQLite::Database> db_;
+    std::unique_ptr<connection> c_;
   };
 
   /// A connection for the caller's exclusive use until the lease ends.
@@ -67,7 +79,7 @@ class reader_pool {
  private:
   std::string path_;
   std::mutex m_;
-  std::vector<std::unique_ptr<SQLite::Database>> free_;
+  std::vector<std::unique_ptr<connection>> free_;
 };
 
 /// "what SQLite said", with the extended code.

@@ -443,7 +443,7 @@ awaitable<result<bool>> report_store::finish_shell(notification_id nid, session_
 result<std::optional<session_row>> report_reader::session(const session_id& s) {
   try {
     auto db = readers_.acquire();
-    SQLite::Statement q(*db, std::string("SELECT ") + k_session_cols + " FROM sessions WHERE id = ?");
+    auto& q = db.statement(std::string("SELECT ") + k_session_cols + " FROM sessions WHERE id = ?");
     q.bind(1, s.str());
     if (!q.executeStep()) return std::optional<session_row>{};
     auto r = decode_session(q);
@@ -457,7 +457,7 @@ result<std::optional<session_row>> report_reader::session(const session_id& s) {
 result<std::vector<session_row>> report_reader::sessions() {
   try {
     auto db = readers_.acquire();
-    SQLite::Statement q(*db, std::string("SELECT ") + k_session_cols + " FROM sessions ORDER BY created_at, id");
+    auto& q = db.statement(std::string("SELECT ") + k_session_cols + " FROM sessions ORDER BY created_at, id");
     std::vector<session_row> out;
     while (q.executeStep()) {
       auto r = decode_session(q);
@@ -473,7 +473,7 @@ result<std::vector<session_row>> report_reader::sessions() {
 result<std::vector<job_row>> report_reader::jobs() {
   try {
     auto db = readers_.acquire();
-    SQLite::Statement q(*db, std::string("SELECT ") + k_job_cols + " FROM jobs ORDER BY created_at, id");
+    auto& q = db.statement(std::string("SELECT ") + k_job_cols + " FROM jobs ORDER BY created_at, id");
     std::vector<job_row> out;
     while (q.executeStep()) {
       auto r = decode_job(q);
@@ -489,8 +489,7 @@ result<std::vector<job_row>> report_reader::jobs() {
 result<std::int64_t> report_reader::user_ordinal(const session_id& s, std::int64_t seq) {
   try {
     auto db = readers_.acquire();
-    SQLite::Statement q(*db,
-                        "SELECT count(*) FROM messages WHERE session_id = ? AND seq <= ? AND "
+    auto& q = db.statement("SELECT count(*) FROM messages WHERE session_id = ? AND seq <= ? AND "
                         "role = 'user'");
     q.bind(1, s.str());
     q.bind(2, seq);
@@ -504,8 +503,7 @@ result<std::int64_t> report_reader::user_ordinal(const session_id& s, std::int64
 result<std::vector<message_row>> report_reader::messages(const session_id& s, std::int64_t after) {
   try {
     auto db = readers_.acquire();
-    SQLite::Statement q(*db,
-                        "SELECT seq, role, kind, status, payload FROM messages WHERE session_id = ? "
+    auto& q = db.statement("SELECT seq, role, kind, status, payload FROM messages WHERE session_id = ? "
                         "AND seq > ? ORDER BY seq");
     q.bind(1, s.str());
     q.bind(2, after);
@@ -524,8 +522,7 @@ result<std::vector<message_row>> report_reader::messages(const session_id& s, st
 result<std::vector<inbox_row>> report_reader::inbox(const session_id& s) {
   try {
     auto db = readers_.acquire();
-    SQLite::Statement q(*db,
-                        "SELECT notification_id, from_session, body, state FROM inbox WHERE "
+    auto& q = db.statement("SELECT notification_id, from_session, body, state FROM inbox WHERE "
                         "session_id = ? ORDER BY admitted_seq, admitted_at, notification_id");
     q.bind(1, s.str());
     std::vector<inbox_row> out;
@@ -550,7 +547,7 @@ result<std::vector<inbox_row>> report_reader::inbox(const session_id& s) {
 result<std::vector<session_id>> report_reader::sessions_with_pending_inbox() {
   try {
     auto db = readers_.acquire();
-    SQLite::Statement q(*db, "SELECT DISTINCT session_id FROM inbox WHERE state = 'pending'");
+    auto& q = db.statement("SELECT DISTINCT session_id FROM inbox WHERE state = 'pending'");
     std::vector<session_id> out;
     while (q.executeStep()) out.emplace_back(q.getColumn(0).getString());
     return out;
@@ -563,8 +560,7 @@ result<std::optional<message_row>> report_reader::last_assistant_after(const ses
                                                                      std::int64_t after) {
   try {
     auto db = readers_.acquire();
-    SQLite::Statement q(*db,
-                        "SELECT seq, role, kind, status, payload FROM messages WHERE session_id = ? "
+    auto& q = db.statement("SELECT seq, role, kind, status, payload FROM messages WHERE session_id = ? "
                         "AND seq > ? AND seq < ? ORDER BY seq DESC LIMIT 20");
     std::int64_t below = INT64_MAX;
     for (;;) {
