@@ -286,26 +286,42 @@ awaitable<void> host::finish_shell(shell_info s, std::string notice) {
 
 awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
                                    std::shared_ptr<boot_report> rep, std::shared_ptr<std::mutex> m) {
+  // Chunks go out together, spawned in order on this executor: each sends its
+  // admit before the next starts, and the parent's mailbox and the writer's
+  // queue keep that order, so the inbox order is the outbox order.
   constexpr std::size_t k_chunk = 512;
+  auto ex = co_await asio::this_coro::executor;
+  std::size_t chunks = (rows.size() + k_chunk - 1) / k_chunk;
+  auto left = std::make_shared<std::atomic<std::size_t>>(chunks);
+  auto all_done = runtime::one_shot<int>::make();
   for (std::size_t at = 0; at < rows.size(); at += k_chunk) {
     std::vector<persistence::report_item> items;
     std::size_t end = std::min(rows.size(), at + k_chunk);
     for (std::size_t i = at; i < end; ++i)
       items.push_back({rows[i].nid, rows[i].child, rows[i].body.value_or("")});
     auto n = static_cast<int>(items.size());
-    auto r = co_await deliver(parent, std::move(items));
-    std::lock_guard lk(*m);
-    if (r) {
-      rep->delivered += n;
-    } else {
-      // An id conflict or any other failure: keep the rows, move on.
-      rep->kept += n;
-      warn("boot: " + std::to_string(n) + " report(s) to " + parent.str() + " not delivered: " +
-           r.error().message + "; the rows were kept");
-      rep->warnings.push_back("boot: " + std::to_string(n) + " report(s) to " + parent.str() +
-                              " not delivered: " + r.error().message + "; the rows were kept");
-    }
+    auto task = deliver(parent, std::move(items));
+    auto on_done = [this, parent, n, rep, m, left, all_done](std::exception_ptr e,
+                                                             result<void> r) {
+      if (e) r = error{errc::failed, runtime::detail::describe(e)};
+      {
+        std::lock_guard lk(*m);
+        if (r) {
+          rep->delivered += n;
+        } else {
+          // An id conflict or any other failure: keep the rows, move on.
+          std::string w = "boot: " + std::to_string(n) + " report(s) to " + parent.str() +
+                          " not delivered: " + r.error().message + "; the rows were kept";
+          rep->kept += n;
+          rep->warnings.push_back(w);
+          warn(w);
+        }
+      }
+      if (--*left == 0) all_done->set(0);
+    };
+    asio::co_spawn(ex, std::move(task), std::move(on_done));
   }
+  if (chunks > 0) co_await all_done->async_wait(asio::use_awaitable);
 }
 
 awaitable<result<boot_report>> host::boot() {
