@@ -2,6 +2,7 @@
 // own file and registers itself; this file only dispatches.
 #include "command.hpp"
 
+#include "tether/actors/sandbox_client.hpp"
 #include "tether/runtime/crash_point.hpp"
 
 #include <algorithm>
@@ -21,11 +22,7 @@ registrar::registrar(command c) { table().push_back(c); }
 
 const std::vector<command>& commands() { return table(); }
 
-std::string self_dir() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(".") : p.parent_path().string();
-}
+std::string self_dir() { return actors::self_dir(); }
 
 static int usage(std::FILE* out) {
   std::fprintf(out, "usage: tether <command> [args]\n\ncommands:\n");
