@@ -10,134 +10,10 @@
 
 using namespace tether;
 using namespace tether::test;
-using actors::agent_context;
-using actors::drain_input;
-using actors::wake_scope;
 
-namespace {
-
-// Counts what the coordinator does, per session.
-struct counting_observer : actors::run_observer {
-  std::mutex m;
-  std::map<std::string, int> started_count, settled_count;
-  std::map<std::string, std::vector<std::int64_t>> started_seqs;
-  std::function<boost::asio::awaitable<void>(const session_id&)> on_settling;
-
-  void started(const session_id& s, std::int64_t seq) override {
-    std::lock_guard lk(m);
-    started_count[s.str()]++;
-    started_seqs[s.str()].push_back(seq);
-  }
-  boost::asio::awaitable<void> settling(const session_id& s) override {
-    if (on_settling) co_await on_settling(s);
-  }
-  void settled(const session_id& s, std::optional<protocol::notification_id>) override {
-    std::lock_guard lk(m);
-    settled_count[s.str()]++;
-  }
-  int started_of(const std::string& s) {
-    std::lock_guard lk(m);
-    return started_count[s];
-  }
-  int settled_of(const std::string& s) {
-    std::lock_guard lk(m);
-    return settled_count[s];
-  }
-};
-
-// An agent written in code: the test decides what each drain does.
-struct code_agent : actors::agent {
-  std::function<boost::asio::awaitable<void>(agent_context&, drain_input)> fn;
-  boost::asio::awaitable<void> drain(agent_context& ctx, drain_input in) override {
-    co_await fn(ctx, std::move(in));
-  }
-};
-
-// Scripted agents for every session except those given code.
-struct mixed_agents : actors::agent_factory {
-  std::shared_ptr<actors::scripted_agents> scripted;
-  std::map<std::string, std::shared_ptr<code_agent>> code;
-  std::shared_ptr<actors::agent> make(const persistence::session_row& s) override {
-    auto it = code.find(s.id.str());
-    if (it != code.end()) return it->second;
-    return scripted->make(s);
-  }
-};
-
-class coordinator_fixture {
- public:
-  explicit coordinator_fixture(const std::string& tag, int resume_budget = 3)
-      : dir(tag), budget(resume_budget) {
-    agents->scripted = std::make_shared<actors::scripted_agents>();
-    open();
-  }
-  ~coordinator_fixture() { close(); }
-  void open() {
-    actors::host_options o;
-    o.db_path = dir.file("tether.db");
-    o.threads = 2;
-    o.agents = agents;
-    o.observer = observer;
-    o.resume_budget = budget;
-    o.log = [this](const std::string& w) {
-      std::lock_guard lk(m);
-      warnings.push_back(w);
-    };
-    auto h = actors::host::open(o);
-    REQUIRE(h);
-    host = std::move(*h);
-    auto b = sync(host->boot());
-    REQUIRE(b);
-    boot = *b;
-  }
-  void close() {
-    if (host) host->shutdown();
-    host.reset();
-  }
-  void restart() {
-    close();
-    open();
-  }
-  template <class T>
-  T sync(boost::asio::awaitable<T> a) {
-    return runtime::sync_wait(host->pool().at(0), std::move(a));
-  }
-  void quiet() { sync(host->wait_quiescent()); }
-  void on(const std::string& s, int ordinal, std::vector<script_action> actions) {
-    agents->scripted->on_input(session_id(s), ordinal, script_turn{std::move(actions)});
-  }
-  std::shared_ptr<code_agent> code(const std::string& s) {
-    auto a = std::make_shared<code_agent>();
-    agents->code[s] = a;
-    return a;
-  }
-  // A parent that spawns `child` in the background on its first prompt.
-  void parent_spawns(const std::string& child, std::optional<bool> notify = {}) {
-    on("parent", 1, {spawn(child, "Audit routes", "go", true, notify)});
-    auto p = sync(host->create_session("parent", session_id("parent")));
-    REQUIRE(p);
-    REQUIRE(sync(host->prompt(*p, "start")));
-  }
-  std::vector<persistence::inbox_row> inbox(const std::string& s) {
-    auto r = host->store().inbox(session_id(s));
-    REQUIRE(r);
-    return *r;
-  }
-
-  scratch_dir dir;
-  int budget;
-  std::shared_ptr<mixed_agents> agents = std::make_shared<mixed_agents>();
-  std::shared_ptr<counting_observer> observer = std::make_shared<counting_observer>();
-  std::unique_ptr<actors::host> host;
-  actors::boot_report boot;
-  std::mutex m;
-  std::vector<std::string> warnings;
-};
-
-}  // namespace
 
 TEST_CASE("wakes recorded during a drain coalesce into one more drain of the same busy period") {
-  coordinator_fixture f("coalesce");
+  report_fixture f("coalesce");
   auto child = f.code("child");
   std::atomic<int> drains{0};
   child->fn = [&](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
@@ -159,7 +35,7 @@ TEST_CASE("wakes recorded during a drain coalesce into one more drain of the sam
 }
 
 TEST_CASE("20,000 self-wakes in a row make one busy period without overflowing the stack") {
-  coordinator_fixture f("selfwake");
+  report_fixture f("selfwake");
   auto child = f.code("child");
   std::atomic<int> drains{0};
   child->fn = [&](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
@@ -178,7 +54,7 @@ TEST_CASE("20,000 self-wakes in a row make one busy period without overflowing t
 }
 
 TEST_CASE("started records the session's durable sequence number as startedSeq") {
-  coordinator_fixture f("startedseq");
+  report_fixture f("startedseq");
   f.on("parent", 1, {say("one")});
   f.on("parent", 2, {say("two")});
   auto p = f.sync(f.host->create_session("parent", session_id("parent")));
@@ -195,7 +71,7 @@ TEST_CASE("started records the session's durable sequence number as startedSeq")
 }
 
 TEST_CASE("settled runs before waiters are released: the report is delivered when wait_idle returns") {
-  coordinator_fixture f("release");
+  report_fixture f("release");
   f.on("child", 1, {say("the answer")});
   f.parent_spawns("child");
   // The child exists once the parent's turn ran; waiting on the parent's
@@ -212,7 +88,7 @@ TEST_CASE("settled runs before waiters are released: the report is delivered whe
 }
 
 TEST_CASE("an interrupt settles the busy period once, as cancelled, and clears a pending wake") {
-  coordinator_fixture f("interrupt");
+  report_fixture f("interrupt");
   auto child = f.code("child");
   std::atomic<int> drains{0};
   auto entered = runtime::one_shot<int>::make();
@@ -220,9 +96,7 @@ TEST_CASE("an interrupt settles the busy period once, as cancelled, and clears a
     ++drains;
     ctx.wake_self();  // pending when the interrupt comes: must be cleared
     entered->set(1);
-    boost::asio::steady_timer t(co_await boost::asio::this_coro::executor);
-    t.expires_at(boost::asio::steady_timer::time_point::max());
-    co_await t.async_wait(boost::asio::use_awaitable);
+    co_await until_cancelled();
   };
   f.parent_spawns("child");
   f.sync(entered->async_wait(boost::asio::use_awaitable));
@@ -238,7 +112,7 @@ TEST_CASE("an interrupt settles the busy period once, as cancelled, and clears a
 }
 
 TEST_CASE("a drain that throws settles the busy period once, as error, with the error text") {
-  coordinator_fixture f("throws");
+  report_fixture f("throws");
   f.on("child", 1, {script_action{script_action::kind::raise, "disk on fire"}});
   f.parent_spawns("child");
   f.quiet();
@@ -250,7 +124,7 @@ TEST_CASE("a drain that throws settles the busy period once, as error, with the 
 }
 
 TEST_CASE("a wake that arrives during settled starts a fresh busy period") {
-  coordinator_fixture f("wakesettle");
+  report_fixture f("wakesettle");
   f.on("child", 1, {say("first")});
   std::atomic<bool> nudged{false};
   f.observer->on_settling = [&](const session_id& s) -> boost::asio::awaitable<void> {
@@ -266,7 +140,7 @@ TEST_CASE("a wake that arrives during settled starts a fresh busy period") {
 }
 
 TEST_CASE("steer and input wakes merge with input winning") {
-  coordinator_fixture f("scopes");
+  report_fixture f("scopes");
   auto child = f.code("child");
   std::vector<wake_scope> scopes;
   auto entered = runtime::one_shot<int>::make();
@@ -297,7 +171,7 @@ TEST_CASE("steer and input wakes merge with input winning") {
 }
 
 TEST_CASE("a late request to background a settling job is refused") {
-  coordinator_fixture f("latebg");
+  report_fixture f("latebg");
   f.on("parent", 1, {spawn("child", "Audit routes", "go", /*background=*/false)});
   f.on("child", 1, {say("inline answer")});
   std::optional<result<protocol::notification_id>> late;
@@ -318,7 +192,7 @@ TEST_CASE("a late request to background a settling job is refused") {
 }
 
 TEST_CASE("a settle that runs after delivery cannot write the deleted row back") {
-  coordinator_fixture f("resurrect");
+  report_fixture f("resurrect");
   f.on("child", 1, {say("answer")});
   f.parent_spawns("child");
   f.quiet();
@@ -337,7 +211,7 @@ TEST_CASE("a settle that runs after delivery cannot write the deleted row back")
 }
 
 TEST_CASE("a job cancelled on its creation tick is reported once") {
-  coordinator_fixture f("creationtick");
+  report_fixture f("creationtick");
   auto parent = f.code("parent");
   parent->fn = [](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
     if (in.inputs.empty() || in.inputs.front().kind != "prompt") co_return;
@@ -360,7 +234,7 @@ TEST_CASE("a job cancelled on its creation tick is reported once") {
 }
 
 TEST_CASE("last_assistant_after pages back past 20 rows and skips errors and older periods") {
-  coordinator_fixture f("paging");
+  report_fixture f("paging");
   auto s = f.sync(f.host->create_session("s", session_id("s")));
   REQUIRE(s);
   auto& st = f.host->store();
@@ -381,14 +255,12 @@ TEST_CASE("last_assistant_after pages back past 20 rows and skips errors and old
 }
 
 TEST_CASE("graceful shutdown keeps the claim and the running row and sends no cancelled report") {
-  coordinator_fixture f("graceful");
+  report_fixture f("graceful");
   auto child = f.code("child");
   auto entered = runtime::one_shot<int>::make();
   child->fn = [entered](agent_context&, drain_input) -> boost::asio::awaitable<void> {
     entered->set(1);
-    boost::asio::steady_timer t(co_await boost::asio::this_coro::executor);
-    t.expires_at(boost::asio::steady_timer::time_point::max());
-    co_await t.async_wait(boost::asio::use_awaitable);
+    co_await until_cancelled();
   };
   f.parent_spawns("child");
   f.sync(entered->async_wait(boost::asio::use_awaitable));
@@ -411,16 +283,14 @@ TEST_CASE("graceful shutdown keeps the claim and the running row and sends no ca
 }
 
 TEST_CASE("a child out of resume budget reports an error instead of running again") {
-  coordinator_fixture f("budget", /*resume_budget=*/1);
+  report_fixture f("budget", /*resume_budget=*/1);
   auto child = f.code("child");
   std::atomic<int> runs{0};
   auto entered = std::make_shared<std::shared_ptr<runtime::one_shot<int>>>(runtime::one_shot<int>::make());
   child->fn = [&runs, entered](agent_context&, drain_input) -> boost::asio::awaitable<void> {
     ++runs;
     (*entered)->set(1);
-    boost::asio::steady_timer t(co_await boost::asio::this_coro::executor);
-    t.expires_at(boost::asio::steady_timer::time_point::max());
-    co_await t.async_wait(boost::asio::use_awaitable);
+    co_await until_cancelled();
   };
   f.parent_spawns("child");
   f.sync((*entered)->async_wait(boost::asio::use_awaitable));
@@ -443,14 +313,12 @@ TEST_CASE("a child out of resume budget reports an error instead of running agai
 }
 
 TEST_CASE("an owed report whose parent was deleted is cleared at boot with a warning") {
-  coordinator_fixture f("deletedparent");
+  report_fixture f("deletedparent");
   auto child = f.code("child");
   auto entered = runtime::one_shot<int>::make();
   child->fn = [entered](agent_context&, drain_input) -> boost::asio::awaitable<void> {
     entered->set(1);
-    boost::asio::steady_timer t(co_await boost::asio::this_coro::executor);
-    t.expires_at(boost::asio::steady_timer::time_point::max());
-    co_await t.async_wait(boost::asio::use_awaitable);
+    co_await until_cancelled();
   };
   f.parent_spawns("child");
   f.sync(entered->async_wait(boost::asio::use_awaitable));
@@ -472,7 +340,7 @@ TEST_CASE("an owed report whose parent was deleted is cleared at boot with a war
 }
 
 TEST_CASE("boot refuses a job row that does not parse and leaves it in place") {
-  coordinator_fixture f("corrupt");
+  report_fixture f("corrupt");
   f.close();
   {
     SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
@@ -498,7 +366,7 @@ TEST_CASE("boot refuses a job row that does not parse and leaves it in place") {
 }
 
 TEST_CASE("boot refuses an unknown enum value naming table, key and field") {
-  coordinator_fixture f("badenum");
+  report_fixture f("badenum");
   f.close();
   {
     SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
@@ -517,4 +385,29 @@ TEST_CASE("boot refuses an unknown enum value naming table, key and field") {
   CHECK(b.error().message.find("table 'jobs' key 'job_7': status: unknown value 'exploded'") !=
         std::string::npos);
   (*h)->shutdown();
+}
+
+TEST_CASE("a background child reports its answer to the parent once") {
+  report_fixture f("bg");
+  f.on("parent", 1, {spawn("child", "Audit routes", "check the routes"), say("Started an audit.")});
+  f.on("child", 1, {say("All 14 routes answer.")});
+  auto p = f.sync(f.host->create_session("parent", session_id("parent")));
+  REQUIRE(p);
+  REQUIRE(f.sync(f.host->prompt(*p, "audit the routes")));
+  f.quiet();
+  auto inbox = f.inbox("parent");
+  REQUIRE(inbox.size() == 1);
+  CHECK(inbox[0].body ==
+        "<subagent sessionID=\"child\" state=\"completed\" description=\"Audit routes\">\n"
+        "All 14 routes answer.\n"
+        "</subagent>");
+  CHECK(inbox[0].acked);
+  auto msgs = f.host->store().messages(session_id("parent"));
+  REQUIRE(msgs);
+  int reports = 0;
+  for (auto& m : *msgs) reports += (m.kind == "report" && m.text == inbox[0].body) ? 1 : 0;
+  CHECK(reports == 1);
+  auto jobs = f.host->store().jobs();
+  REQUIRE(jobs);
+  CHECK(jobs->empty());  // the outbox row completed
 }

@@ -1,20 +1,30 @@
 #pragma once
-// A host on a scratch database with scripted agents, for report-path tests.
+// A host on a scratch database with scripted (or code) agents and a counting
+// observer, for report-path tests.
 #include "catch_result.hpp"
 #include "support.hpp"
 
 #include "tether/actors/host.hpp"
 #include "tether/actors/scripted_agent.hpp"
 
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+
 namespace tether::test {
 
+using actors::agent_context;
+using actors::drain_input;
 using actors::script_action;
 using actors::script_turn;
+using actors::wake_scope;
 using protocol::session_id;
 
 inline script_action say(std::string t) { return {script_action::kind::say, std::move(t)}; }
-inline script_action fail(std::string t) { return {script_action::kind::fail, std::move(t)}; }
-inline script_action shell(std::string cmd) { return {script_action::kind::shell, std::move(cmd)}; }
 inline script_action spawn(std::string child, std::string description, std::string prompt,
                            bool background = true, std::optional<bool> notify = {}) {
   script_action a{script_action::kind::spawn, std::move(prompt)};
@@ -25,29 +35,86 @@ inline script_action spawn(std::string child, std::string description, std::stri
   return a;
 }
 
+/// Suspends until the awaiting drain is cancelled (an interrupt or shutdown).
+inline boost::asio::awaitable<void> until_cancelled() {
+  boost::asio::steady_timer t(co_await boost::asio::this_coro::executor);
+  t.expires_at(boost::asio::steady_timer::time_point::max());
+  co_await t.async_wait(boost::asio::use_awaitable);
+}
+
+// Counts what the coordinator does, per session.
+struct counting_observer : actors::run_observer {
+  std::mutex m;
+  std::map<std::string, int> started_count, settled_count;
+  std::map<std::string, std::vector<std::int64_t>> started_seqs;
+  std::function<boost::asio::awaitable<void>(const session_id&)> on_settling;
+
+  void started(const session_id& s, std::int64_t seq) override {
+    std::lock_guard lk(m);
+    started_count[s.str()]++;
+    started_seqs[s.str()].push_back(seq);
+  }
+  boost::asio::awaitable<void> settling(const session_id& s) override {
+    if (on_settling) co_await on_settling(s);
+  }
+  void settled(const session_id& s, std::optional<protocol::notification_id>) override {
+    std::lock_guard lk(m);
+    settled_count[s.str()]++;
+  }
+  int started_of(const std::string& s) {
+    std::lock_guard lk(m);
+    return started_count[s];
+  }
+  int settled_of(const std::string& s) {
+    std::lock_guard lk(m);
+    return settled_count[s];
+  }
+};
+
+// An agent written in code: the test decides what each drain does.
+struct code_agent : actors::agent {
+  std::function<boost::asio::awaitable<void>(agent_context&, drain_input)> fn;
+  boost::asio::awaitable<void> drain(agent_context& ctx, drain_input in) override {
+    co_await fn(ctx, std::move(in));
+  }
+};
+
+// Scripted agents for every session except those given code.
+struct mixed_agents : actors::agent_factory {
+  std::shared_ptr<actors::scripted_agents> scripted;
+  std::map<std::string, std::shared_ptr<code_agent>> code;
+  std::shared_ptr<actors::agent> make(const persistence::session_row& s) override {
+    auto it = code.find(s.id.str());
+    if (it != code.end()) return it->second;
+    return scripted->make(s);
+  }
+};
+
 class report_fixture {
  public:
-  explicit report_fixture(const std::string& tag, std::size_t threads = 2)
-      : dir_(tag), threads_(threads), agents(std::make_shared<actors::scripted_agents>()) {
+  explicit report_fixture(const std::string& tag, int resume_budget = 3)
+      : dir(tag), budget(resume_budget) {
+    agents->scripted = std::make_shared<actors::scripted_agents>();
     open();
   }
   ~report_fixture() { close(); }
-
   void open() {
     actors::host_options o;
-    o.db_path = dir_.file("tether.db");
-    o.threads = threads_;
+    o.db_path = dir.file("tether.db");
+    o.threads = 2;
     o.agents = agents;
+    o.observer = observer;
+    o.resume_budget = budget;
     o.log = [this](const std::string& w) {
-      std::lock_guard lk(m_);
+      std::lock_guard lk(m);
       warnings.push_back(w);
     };
     auto h = actors::host::open(o);
     REQUIRE(h);
     host = std::move(*h);
-    auto rep = sync(host->boot());
-    REQUIRE(rep);
-    boot = *rep;
+    auto b = sync(host->boot());
+    REQUIRE(b);
+    boot = *b;
   }
   void close() {
     if (host) host->shutdown();
@@ -57,47 +124,41 @@ class report_fixture {
     close();
     open();
   }
-
   template <class T>
   T sync(boost::asio::awaitable<T> a) {
     return runtime::sync_wait(host->pool().at(0), std::move(a));
   }
-  void settle_all() { sync(host->wait_quiescent()); }
-
-  session_id top(const std::string& name) {
-    auto r = sync(host->create_session("top " + name, session_id(name)));
-    REQUIRE(r);
-    return *r;
-  }
-  void prompt(const session_id& s, std::string text) { REQUIRE(sync(host->prompt(s, std::move(text)))); }
+  void quiet() { sync(host->wait_quiescent()); }
   void on(const std::string& s, int ordinal, std::vector<script_action> actions) {
-    agents->on_input(session_id(s), ordinal, script_turn{std::move(actions)});
+    agents->scripted->on_input(session_id(s), ordinal, script_turn{std::move(actions)});
+  }
+  std::shared_ptr<code_agent> code(const std::string& s) {
+    auto a = std::make_shared<code_agent>();
+    agents->code[s] = a;
+    return a;
+  }
+  // A parent that spawns `child` in the background on its first prompt.
+  void parent_spawns(const std::string& child, std::optional<bool> notify = {}) {
+    on("parent", 1, {spawn(child, "Audit routes", "go", true, notify)});
+    auto p = sync(host->create_session("parent", session_id("parent")));
+    REQUIRE(p);
+    REQUIRE(sync(host->prompt(*p, "start")));
   }
   std::vector<persistence::inbox_row> inbox(const std::string& s) {
     auto r = host->store().inbox(session_id(s));
     REQUIRE(r);
     return *r;
   }
-  std::vector<persistence::message_row> reports_in_transcript(const std::string& s) {
-    auto r = host->store().messages(session_id(s));
-    REQUIRE(r);
-    std::vector<persistence::message_row> out;
-    for (auto& m : *r)
-      if (m.kind == "report") out.push_back(m);
-    return out;
-  }
-  std::string path() const { return dir_.file("tether.db"); }
-  const scratch_dir& dir() const { return dir_; }
 
-  std::shared_ptr<actors::scripted_agents> agents;
+  scratch_dir dir;
+  int budget;
+  std::shared_ptr<mixed_agents> agents = std::make_shared<mixed_agents>();
+  std::shared_ptr<counting_observer> observer = std::make_shared<counting_observer>();
   std::unique_ptr<actors::host> host;
   actors::boot_report boot;
+  std::mutex m;
   std::vector<std::string> warnings;
-
- private:
-  scratch_dir dir_;
-  std::size_t threads_;
-  std::mutex m_;
 };
+
 
 }  // namespace tether::test
