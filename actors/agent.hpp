@@ -80,14 +80,14 @@ class run_observer {
  public:
   virtual ~run_observer() = default;
   /// A busy period began; started_seq is the session's durable seq then.
-  virtual void started(const session_id& s, std::int64_t started_seq) {}
+  virtual void started(const session_id& /*s*/, std::int64_t /*started_seq*/) {}
   /// The busy period was classified (a late background request is now
   /// refused) and is about to commit. Awaited.
-  virtual awaitable<void> settling(const session_id& s) { co_return; }
+  virtual awaitable<void> settling(const session_id& /*s*/) { co_return; }
   /// The settle committed; `report` names the report it owes, if any.
-  virtual void settled(const session_id& s, std::optional<protocol::notification_id> report) {}
+  virtual void settled(const session_id& /*s*/, std::optional<protocol::notification_id> /*report*/) {}
   /// A report was admitted into `parent`'s inbox (repeats excluded).
-  virtual void admitted(const session_id& parent, const protocol::notification_id& report) {}
+  virtual void admitted(const session_id& /*parent*/, const protocol::notification_id& /*report*/) {}
 };
 
 class agent_factory {
