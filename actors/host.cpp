@@ -36,7 +36,13 @@ result<std::unique_ptr<host>> host::open(host_options opts) {
 host::host(host_options opts)
     : opts_(std::move(opts)), pool_(std::make_unique<runtime::executor_pool>(opts_.threads)) {}
 
-host::~host() { shutdown(); }
+host::~host() {
+  shutdown();
+  // Frames still queued on the executors die with them; they may touch this
+  // host (activity counters), so the executors go while every member lives.
+  shells_.reset();
+  pool_.reset();
+}
 
 void host::warn(const std::string& w) {
   if (opts_.log)
@@ -82,6 +88,8 @@ awaitable<void> host::wait_quiescent(bool shells) {
 result<std::shared_ptr<session>> host::get(const session_id& s) {
   {
     std::lock_guard lk(m_);
+    if (closed_)
+      return error{errc::stopped, "host is shutting down; session '" + s.str() + "' not loaded"};
     auto it = sessions_.find(s);
     if (it != sessions_.end()) return it->second;
   }
@@ -89,6 +97,8 @@ result<std::shared_ptr<session>> host::get(const session_id& s) {
   if (!row) return row.error();
   if (!*row) return error{errc::not_found, "session '" + s.str() + "' does not exist"};
   std::lock_guard lk(m_);
+  if (closed_)
+    return error{errc::stopped, "host is shutting down; session '" + s.str() + "' not loaded"};
   auto it = sessions_.find(s);
   if (it != sessions_.end()) return it->second;
   auto a = opts_.agents->make(**row);
@@ -482,6 +492,7 @@ void host::shutdown() {
   std::vector<std::shared_ptr<session>> all;
   {
     std::lock_guard lk(m_);
+    closed_ = true;  // no session is loaded after this snapshot
     for (auto& [id, s] : sessions_) all.push_back(s);
   }
   // Every session stops its busy period without settling (claims and

@@ -139,6 +139,7 @@ class host {
 
   std::mutex m_;
   std::map<session_id, std::shared_ptr<session>> sessions_;
+  bool closed_ = false;  // under m_: shutdown took its snapshot
   std::map<session_id, session_info> directory_;
   std::atomic<std::int64_t> generation_{0};
 

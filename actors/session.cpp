@@ -113,7 +113,10 @@ class session::context : public agent_context {
       jr.description = req.description;
       row = std::move(jr);
     } else {
-      job.inline_reply = runtime::one_shot<result<std::string>>::make();
+      // A cancelled parent drain (interrupt, shutdown) stops waiting.
+      job.inline_reply = runtime::one_shot<result<std::string>>::make([] {
+        return result<std::string>(error{errc::cancelled, "the foreground call was cancelled"});
+      });
     }
     std::optional<bool> notify_update;
     if (*existing && req.notify) notify_update = req.notify;
@@ -172,10 +175,14 @@ awaitable<void> session::handle(session_message& m) {
     // the first: both wait their turn in order.
     bool joins = (phase_ == phase::idle || phase_ == phase::busy) && (!job_ || job_->reported) &&
                  queued_jobs_.empty();
-    if (joins)
+    if (joins) {
       job_ = std::move(b->job);
-    else
+      // Joining a running period: drain once more so the job's own prompt is
+      // answered in it, whenever the caller's wake arrives.
+      if (phase_ == phase::busy) this->ring(wake_scope::input);
+    } else {
       queued_jobs_.push_back(std::move(b->job));
+    }
   } else if (auto* tb = std::get_if<to_background>(&m)) {
     if (job_ && job_->settling && !job_->background) {
       tb->reply.fail(error{errc::refused, "the job of session '" + id().str() +
@@ -200,7 +207,13 @@ awaitable<void> session::handle(session_message& m) {
     jr.generation = job_->generation;
     jr.description = job_->description;
     auto nid = job_->nid;
+    auto jr_id = job_->id;
     auto w = co_await host_.store().write_job(std::move(jr));
+    if (!w && job_ && job_->id == jr_id) {
+      // No running row: the job stays foreground and its caller keeps waiting inline.
+      job_->background = false;
+      job_->row_written.reset();
+    }
     done->set(w);
     if (!w) {
       tb->reply.fail(w.error());
@@ -239,8 +252,10 @@ awaitable<void> session::handle(session_message& m) {
     if (phase_ != phase::idle) drain_cancel_.emit(asio::cancellation_type::terminal);
     for (auto& w : idle_waiters_) w.fail(error{errc::stopped, "host shut down"});
     idle_waiters_.clear();
-    if (job_ && job_->inline_reply)
-      job_->inline_reply->set(error{errc::stopped, "host shut down before the child settled"});
+    error down{errc::stopped, "host shut down before the child settled"};
+    if (job_ && job_->inline_reply) job_->inline_reply->set(down);
+    for (auto& q : queued_jobs_)
+      if (q.inline_reply) q.inline_reply->set(down);
     if (busy_done_) {
       auto done = busy_done_;
       co_await done->async_wait(asio::use_awaitable);
@@ -298,7 +313,11 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
   if (!begun) {
     host_.warn("session " + id().str() + ": cannot open a busy period: " + begun.error().message);
     phase_ = phase::idle;
+    pending_.reset();
     host_.note_phase(id(), false, false, false);
+    for (auto& w : idle_waiters_) w.fail(begun.error());
+    idle_waiters_.clear();
+    if (job_ && job_->inline_reply && !job_->background) job_->inline_reply->set(begun.error());
     busy_done_->set(0);
     host_.activity(-1);
     co_return;
@@ -338,6 +357,9 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
       if (mm.role == "user") in.inputs.push_back(std::move(mm));
     if (!in.inputs.empty()) cursor = in.inputs.back().seq;
 
+    // An interrupt or shutdown during the awaits above found no drain to
+    // cancel: look again before starting one.
+    if (interrupted_ || stopping_) break;
     // The drain runs as its own coroutine so an interrupt can cancel it
     // without cancelling the settle that follows.
     struct drain_end {
@@ -403,7 +425,8 @@ awaitable<void> session::settle() {
     job->reported = true;
     if (job->row_written) {
       auto w = job->row_written;
-      co_await w->async_wait(asio::use_awaitable);
+      auto written = co_await w->async_wait(asio::use_awaitable);
+      if (!written) job->background = false;  // the row never existed: report inline
     }
   }
   if (auto* o = host_.observer()) co_await o->settling(id());

@@ -411,3 +411,37 @@ TEST_CASE("a background child reports its answer to the parent once") {
   REQUIRE(jobs);
   CHECK(jobs->empty());  // the outbox row completed
 }
+
+TEST_CASE("a follow-up job that joins a running busy period is answered and reported once") {
+  report_fixture f("joins");
+  auto child = f.code("child");
+  auto entered = runtime::one_shot<int>::make();
+  auto gate = runtime::one_shot<int>::make();
+  child->fn = [entered, gate](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
+    for (auto& m : in.inputs) {
+      if (m.text == "human") {
+        entered->set(1);
+        co_await gate->async_wait(boost::asio::use_awaitable);
+      }
+      co_await ctx.say("answered " + m.text);
+    }
+  };
+  f.on("parent", 1, {spawn("child", "Audit routes", "first")});
+  f.on("parent", 3, {spawn("child", "Audit routes", "follow-up")});
+  f.parent_spawns("child");
+  f.quiet();
+  REQUIRE(f.inbox("parent").size() == 1);
+  REQUIRE(f.sync(f.host->prompt(session_id("child"), "human")));
+  f.sync(entered->async_wait(boost::asio::use_awaitable));
+  REQUIRE(f.sync(f.host->prompt(session_id("parent"), "ask the child again")));
+  f.sync(f.host->wait_idle(session_id("parent")));
+  gate->set(1);
+  f.quiet();
+  auto inbox = f.inbox("parent");
+  int follow_up = 0;
+  for (auto& r : inbox) follow_up += r.body.find("answered follow-up") != std::string::npos ? 1 : 0;
+  CHECK(follow_up == 1);
+  auto jobs = f.host->store().jobs();
+  REQUIRE(jobs);
+  CHECK(jobs->empty());
+}
