@@ -376,12 +376,12 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     if (stopping_) break;
     if (ep && !interrupted_) {
       failed_ = true;
-      error_text_ = runtime::detail::describe(ep);
       try {
         std::rethrow_exception(ep);
       } catch (const std::exception& e) {
         error_text_ = e.what();
       } catch (...) {
+        error_text_ = runtime::detail::describe(ep);
       }
       break;
     }

@@ -108,6 +108,34 @@ void insert_session(SQLite::Database& db, const session_row& r) {
   st.exec();
 }
 
+// Admits reports into `to`'s inbox inside the caller's transaction, in order;
+// for each, false if its id was already there. nullopt if `to` is gone.
+std::optional<std::vector<bool>> admit_in_tx(SQLite::Database& db, const session_id& to,
+                                             const std::vector<report_item>& items) {
+  auto& seq = cached_statement(db, "SELECT seq FROM sessions WHERE id = ?");
+  seq.bind(1, to.str());
+  if (!seq.executeStep()) return std::nullopt;
+  auto at_seq = seq.getColumn(0).getInt64();
+  auto& st = cached_statement(db,
+                              "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
+                              "from_session, body, admitted_seq, admitted_at) "
+                              "VALUES (?, ?, ?, ?, ?, ?)");
+  std::vector<bool> out;
+  out.reserve(items.size());
+  auto now = now_ms();
+  for (auto& i : items) {
+    st.reset();
+    st.bind(1, to.str());
+    st.bind(2, i.nid.str());
+    bind_opt(st, 3, i.from);
+    st.bind(4, i.body);
+    st.bind(5, at_seq);
+    st.bind(6, now);
+    out.push_back(st.exec() == 1);
+  }
+  return out;
+}
+
 result<message_row> decode_message(const std::string& session, SQLite::Statement& q) {
   message_row m;
   m.seq = q.getColumn(0).getInt64();
@@ -306,29 +334,11 @@ std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> report_store::admi
   for (auto& i : items) bytes += i.body.size() + 96;
   auto fn = [to = std::move(to), items = std::move(items)](
                 SQLite::Database& db) -> result<std::vector<bool>> {
-    auto& seq = cached_statement(db, "SELECT seq FROM sessions WHERE id = ?");
-    seq.bind(1, to.str());
-    if (!seq.executeStep())
+    auto out = admit_in_tx(db, to, items);
+    if (!out)
       return error{errc::not_found, "session '" + to.str() + "' does not exist; " +
                                         std::to_string(items.size()) + " report(s) not admitted"};
-    auto at_seq = seq.getColumn(0).getInt64();
-    auto& st = cached_statement(db, "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
-                         "from_session, body, admitted_seq, admitted_at) "
-                         "VALUES (?, ?, ?, ?, ?, ?)");
-    std::vector<bool> out;
-    out.reserve(items.size());
-    auto now = now_ms();
-    for (auto& i : items) {
-      st.reset();
-      st.bind(1, to.str());
-      st.bind(2, i.nid.str());
-      bind_opt(st, 3, i.from);
-      st.bind(4, i.body);
-      st.bind(5, at_seq);
-      st.bind(6, now);
-      out.push_back(st.exec() == 1);
-    }
-    return out;
+    return std::move(*out);
   };
   return w_.submit(std::move(name), bytes, std::move(fn));
 }
@@ -416,24 +426,13 @@ awaitable<result<bool>> report_store::finish_shell(notification_id nid, session_
   auto name = "finish shell " + nid.str();
   std::size_t bytes = body.size() + 96;
   auto fn = [nid = std::move(nid), owner = std::move(owner), body = std::move(body)](SQLite::Database& db) {
-        auto& seq = cached_statement(db, "SELECT seq FROM sessions WHERE id = ?");
-        seq.bind(1, owner.str());
-        bool admitted = false;
-        if (seq.executeStep()) {
-          auto& st = cached_statement(db, "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
-                               "from_session, body, admitted_seq, admitted_at) "
-                               "VALUES (?, ?, NULL, ?, ?, ?)");
-          st.bind(1, owner.str());
-          st.bind(2, nid.str());
-          st.bind(3, body);
-          st.bind(4, seq.getColumn(0).getInt64());
-          st.bind(5, now_ms());
-          admitted = st.exec() == 1;
-        }
+        // An owner that is gone admits nothing; the shell's row goes either way.
+        std::vector<report_item> notice{{nid, std::nullopt, body}};
+        auto admitted = admit_in_tx(db, owner, notice);
         auto& del = cached_statement(db, "DELETE FROM jobs WHERE notification_id = ?");
         del.bind(1, nid.str());
         del.exec();
-        return admitted;
+        return admitted && admitted->front();
       };
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }

@@ -256,14 +256,7 @@ TEST_CASE("last_assistant_after pages back past 20 rows and skips errors and old
 
 TEST_CASE("graceful shutdown keeps the claim and the running row and sends no cancelled report") {
   report_fixture f("graceful");
-  auto child = f.code("child");
-  auto entered = runtime::one_shot<int>::make();
-  child->fn = [entered](agent_context&, drain_input) -> boost::asio::awaitable<void> {
-    entered->set(1);
-    co_await until_cancelled();
-  };
-  f.parent_spawns("child");
-  f.sync(entered->async_wait(boost::asio::use_awaitable));
+  f.spawn_blocking_child();
   f.close();
   {
     SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
@@ -314,14 +307,7 @@ TEST_CASE("a child out of resume budget reports an error instead of running agai
 
 TEST_CASE("an owed report whose parent was deleted is cleared at boot with a warning") {
   report_fixture f("deletedparent");
-  auto child = f.code("child");
-  auto entered = runtime::one_shot<int>::make();
-  child->fn = [entered](agent_context&, drain_input) -> boost::asio::awaitable<void> {
-    entered->set(1);
-    co_await until_cancelled();
-  };
-  f.parent_spawns("child");
-  f.sync(entered->async_wait(boost::asio::use_awaitable));
+  f.spawn_blocking_child();
   f.close();
   {
     SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
@@ -342,25 +328,12 @@ TEST_CASE("an owed report whose parent was deleted is cleared at boot with a war
 TEST_CASE("boot refuses a job row that does not parse and leaves it in place") {
   report_fixture f("corrupt");
   f.close();
-  {
-    SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
-    db.exec("INSERT INTO sessions (id, created_at) VALUES ('p', 0)");
-    db.exec("INSERT INTO jobs (id, notification_id, kind, mode, parent_id, status, body, payload, "
-            "created_at, updated_at) VALUES ('job_42', 'msg_42', 'subagent', 'background', 'p', "
-            "'completed', 'b', '{\"description\": ', 0, 0)");
-  }
-  actors::host_options o;
-  o.db_path = f.dir.file("tether.db");
-  o.agents = f.agents;
-  auto h = actors::host::open(o);
-  REQUIRE(h);
-  auto b = runtime::sync_wait((*h)->pool().at(0), (*h)->boot());
-  REQUIRE_FALSE(b);
-  CHECK(b.error().code == errc::corrupt);
-  CHECK(b.error().message.find("refusing to boot") != std::string::npos);
-  CHECK(b.error().message.find("table 'jobs' key 'job_42'") != std::string::npos);
-  CHECK(b.error().message.find("payload") != std::string::npos);
-  (*h)->shutdown();
+  f.insert_job_row("job_42", "completed", "{\"description\": ");
+  auto err = f.refused_boot();
+  CHECK(err.code == errc::corrupt);
+  CHECK(err.message.find("refusing to boot") != std::string::npos);
+  CHECK(err.message.find("table 'jobs' key 'job_42'") != std::string::npos);
+  CHECK(err.message.find("payload") != std::string::npos);
   SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
   CHECK(db.execAndGet("SELECT count(*) FROM jobs WHERE id = 'job_42'").getInt() == 1);
 }
@@ -368,23 +341,10 @@ TEST_CASE("boot refuses a job row that does not parse and leaves it in place") {
 TEST_CASE("boot refuses an unknown enum value naming table, key and field") {
   report_fixture f("badenum");
   f.close();
-  {
-    SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
-    db.exec("INSERT INTO sessions (id, created_at) VALUES ('p', 0)");
-    db.exec("INSERT INTO jobs (id, notification_id, kind, mode, parent_id, status, body, payload, "
-            "created_at, updated_at) VALUES ('job_7', 'msg_7', 'subagent', 'background', 'p', "
-            "'exploded', 'b', '{}', 0, 0)");
-  }
-  actors::host_options o;
-  o.db_path = f.dir.file("tether.db");
-  o.agents = f.agents;
-  auto h = actors::host::open(o);
-  REQUIRE(h);
-  auto b = runtime::sync_wait((*h)->pool().at(0), (*h)->boot());
-  REQUIRE_FALSE(b);
-  CHECK(b.error().message.find("table 'jobs' key 'job_7': status: unknown value 'exploded'") !=
+  f.insert_job_row("job_7", "exploded", "{}");
+  auto err = f.refused_boot();
+  CHECK(err.message.find("table 'jobs' key 'job_7': status: unknown value 'exploded'") !=
         std::string::npos);
-  (*h)->shutdown();
 }
 
 TEST_CASE("a background child reports its answer to the parent once") {

@@ -7,6 +7,8 @@
 #include "tether/actors/host.hpp"
 #include "tether/actors/scripted_agent.hpp"
 
+#include <SQLiteCpp/Database.h>
+#include <SQLiteCpp/Statement.h>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -143,6 +145,43 @@ class report_fixture {
     auto p = sync(host->create_session("parent", session_id("parent")));
     REQUIRE(p);
     REQUIRE(sync(host->prompt(*p, "start")));
+  }
+  // A parent whose background child "child" blocks until cancelled; returns
+  // once the child's drain is running.
+  void spawn_blocking_child() {
+    auto entered = runtime::one_shot<int>::make();
+    code("child")->fn = [entered](agent_context&, drain_input) -> boost::asio::awaitable<void> {
+      entered->set(1);
+      co_await until_cancelled();
+    };
+    parent_spawns("child");
+    sync(entered->async_wait(boost::asio::use_awaitable));
+  }
+  // Writes a terminal-or-not job row for parent 'p' straight into a closed database.
+  void insert_job_row(const std::string& id, const std::string& status, const std::string& payload) {
+    SQLite::Database db(dir.file("tether.db"), SQLite::OPEN_READWRITE);
+    db.exec("INSERT INTO sessions (id, created_at) VALUES ('p', 0)");
+    SQLite::Statement st(db,
+                         "INSERT INTO jobs (id, notification_id, kind, mode, parent_id, status, body, "
+                         "payload, created_at, updated_at) VALUES (?, ?, 'subagent', 'background', "
+                         "'p', ?, 'b', ?, 0, 0)");
+    st.bind(1, id);
+    st.bind(2, "msg_" + id);
+    st.bind(3, status);
+    st.bind(4, payload);
+    st.exec();
+  }
+  // Opens a host on the closed database and returns the error its boot refused with.
+  error refused_boot() {
+    actors::host_options o;
+    o.db_path = dir.file("tether.db");
+    o.agents = agents;
+    auto h = actors::host::open(o);
+    REQUIRE(h);
+    auto b = runtime::sync_wait((*h)->pool().at(0), (*h)->boot());
+    (*h)->shutdown();
+    REQUIRE_FALSE(b);
+    return b.error();
   }
   std::vector<persistence::inbox_row> inbox(const std::string& s) {
     auto r = host->store().inbox(session_id(s));
