@@ -2,6 +2,7 @@
 // Where the host's agent logic plugs in: a coroutine called once per drain
 // with the inputs that arrived since the last drain, and a context through
 // which it answers, starts jobs and subagents, and reads state.
+#include "tether/actors/job_queue.hpp"
 #include "tether/persistence/report_store.hpp"
 #include "tether/protocol/ids.hpp"
 
@@ -55,6 +56,17 @@ class agent_context {
   /// Starts a background shell (a real process); returns its shell id. Its
   /// exit wakes this session with a notice.
   virtual awaitable<result<std::string>> start_shell(std::string command) = 0;
+  /// The scope the runtime supplies for jobs this turn launches.
+  virtual owner_scope scope() const = 0;
+  /// Launches a job owned by this turn through the job queue. In the
+  /// background it needs the session's job notifications on.
+  virtual awaitable<result<job_id>> launch_job(launch_request req) = 0;
+  /// A job this turn owns (others: "not found"). Reading a terminal result
+  /// here means it is not delivered again.
+  virtual awaitable<result<job_view>> job_status(job_id job) = 0;
+  virtual awaitable<result<job_view>> wait_job(job_id job) = 0;
+  /// Confirmed kill, then the cancelled receipt.
+  virtual awaitable<result<job_view>> cancel_job(job_id job) = 0;
   /// Asks for one more drain before this busy period settles.
   virtual void wake_self() = 0;
   /// Cancels a child's run (the caller cancelled its job): the child settles

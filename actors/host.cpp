@@ -27,6 +27,8 @@ result<std::unique_ptr<host>> host::open(host_options opts) {
   if (!w) return w.error();
   h->writer_ = std::move(*w);
   h->store_ = std::make_unique<persistence::report_store>(*h->writer_, opts.db_path);
+  h->receipts_ = std::make_unique<persistence::receipt_store>(*h->writer_, opts.db_path);
+  h->jobs_ = std::make_unique<job_queue>(h->pool_->at(0), *h, *h->receipts_, opts.jobs);
   h->shells_ = std::make_unique<shell_runner>(
       h->pool_->at(0), opts.shell_dir,
       [hp = h.get()](const shell_info& s, const std::string& notice) { hp->shell_exited(s, notice); });
@@ -42,6 +44,7 @@ host::~host() {
   // host (activity counters), so the executors go while every member lives.
   shells_.reset();
   pool_.reset();
+  jobs_.reset();
 }
 
 void host::warn(const std::string& w) {
@@ -114,6 +117,29 @@ result<std::shared_ptr<session>> host::get(const session_id& s) {
   return ptr;
 }
 
+bool host::is_busy(const session_id& s) {
+  std::lock_guard lk(m_);
+  auto it = directory_.find(s);
+  return it != directory_.end() && it->second.busy;
+}
+
+result<owner_scope> host::scope_of(const session_id& s) {
+  auto row = store_->session(s);
+  if (!row) return row.error();
+  if (!*row) return error{errc::not_found, "session '" + s.str() + "' does not exist"};
+  if (!(*row)->turn)
+    return error{errc::refused, "session '" + s.str() + "' has had no turn yet; a job needs a turn to own it"};
+  owner_scope o;
+  o.tenant = (*row)->tenant;
+  o.thread = s;
+  o.turn = *(*row)->turn;
+  return o;
+}
+
+awaitable<result<void>> host::set_job_policy(session_id s, bool notify, std::string policy) {
+  co_return co_await store_->set_job_policy(std::move(s), notify, std::move(policy));
+}
+
 void host::note_phase(const session_id& s, bool busy, bool settling, bool foreground) {
   std::lock_guard lk(m_);
   auto& i = directory_[s];
@@ -155,6 +181,8 @@ std::vector<protocol::running_item> host::outstanding(const session_id& s) {
   }
   for (auto& sh : running_shells)
     if (under.count(sh.owner)) shells.push_back({"shell", sh.id, sh.command});
+  for (auto& u : under)
+    for (auto& j : jobs_->running(u)) shells.push_back(std::move(j));
   shells.insert(shells.end(), subagents.begin(), subagents.end());
   return shells;
 }
@@ -339,6 +367,11 @@ awaitable<result<boot_report>> host::boot() {
   auto rep_m = std::make_shared<std::mutex>();
   boot_report& rep = *shared_rep;
   std::map<session_id, std::vector<job_row>> owed;  // terminal rows by parent, in order
+  // Owned jobs first: an outstanding owner that cannot be recovered stops the
+  // boot before any session resumes, so no new work starts.
+  auto recovered = co_await jobs_->recover();
+  if (!recovered) co_return recovered.error();
+  rep.jobs = std::move(*recovered);
   auto sessions = store_->sessions();
   if (!sessions)
     co_return error{sessions.error().code, "refusing to boot: " + sessions.error().message};
@@ -488,6 +521,7 @@ void host::shutdown() {
     shut_ = true;
   }
   shutting_down_ = true;
+  if (jobs_) jobs_->shutdown();
   if (shells_) shells_->stop();
   std::vector<std::shared_ptr<session>> all;
   {

@@ -10,6 +10,7 @@
 //   and acknowledges it in one transaction [report.drain.after_ack].
 // A crash anywhere is repaired at boot from what is on disk.
 #include "tether/actors/agent.hpp"
+#include "tether/actors/job_queue.hpp"
 #include "tether/actors/session.hpp"
 #include "tether/actors/shell.hpp"
 #include "tether/persistence/report_store.hpp"
@@ -36,6 +37,8 @@ struct host_options {
   std::shared_ptr<agent_factory> agents;
   std::shared_ptr<run_observer> observer;  // optional
   std::string shell_dir;  // shell output and status files; default <db_path>.shells
+  /// Owned background jobs: the sandbox they run in and its routes.
+  job_queue_options jobs;
   /// Where warnings go (boot: id conflicts, cleared rows). Default: stderr.
   std::function<void(const std::string&)> log;
 };
@@ -49,6 +52,7 @@ struct boot_report {
   int resumed_children = 0;  // phase 3
   int shells_reattached = 0;
   int shells_finished = 0;
+  recovery_report jobs;  // owned jobs: reattached, settled while down, lost, receipts resent
   std::vector<std::string> warnings;
 };
 
@@ -87,6 +91,17 @@ class host {
   void shutdown();
 
   persistence::report_store& store() { return *store_; }
+  persistence::receipt_store& receipts() { return *receipts_; }
+  /// The one queue that owns every background job's lifecycle.
+  job_queue& jobs() { return *jobs_; }
+  /// The scope of `s`'s current (or last) turn, as the runtime supplies it to
+  /// a job launched on its behalf.
+  result<owner_scope> scope_of(const session_id& s);
+  /// Sets whether `s`'s turns may launch background jobs and whether a turn
+  /// withholds its completion while its jobs run ("withhold") or settles now
+  /// and gets the receipts later ("report_now").
+  awaitable<result<void>> set_job_policy(session_id s, bool notify, std::string policy);
+  bool is_busy(const session_id& s);
   std::size_t running_shells() {
     std::lock_guard lk(shells_m_);
     return shell_table_.size();
@@ -136,6 +151,8 @@ class host {
   std::unique_ptr<persistence::writer> writer_;
   std::unique_ptr<persistence::report_store> store_;
   std::unique_ptr<shell_runner> shells_;
+  std::unique_ptr<persistence::receipt_store> receipts_;
+  std::unique_ptr<job_queue> jobs_;
 
   std::mutex m_;
   std::map<session_id, std::shared_ptr<session>> sessions_;

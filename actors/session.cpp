@@ -50,6 +50,31 @@ class session::context : public agent_context {
     co_return co_await s_->host_.start_shell(s_->id(), std::move(command));
   }
 
+  owner_scope scope() const override {
+    owner_scope o;
+    o.tenant = s_->row_.tenant;
+    o.thread = s_->id();
+    o.turn = s_->turn_;
+    return o;
+  }
+
+  awaitable<result<job_id>> launch_job(launch_request req) override {
+    req.channel = "tool";
+    co_return co_await s_->host_.jobs().launch(scope(), std::move(req));
+  }
+
+  awaitable<result<job_view>> job_status(job_id job) override {
+    co_return co_await s_->host_.jobs().status(scope(), std::move(job));
+  }
+
+  awaitable<result<job_view>> wait_job(job_id job) override {
+    co_return co_await s_->host_.jobs().wait(scope(), std::move(job));
+  }
+
+  awaitable<result<job_view>> cancel_job(job_id job) override {
+    co_return co_await s_->host_.jobs().cancel(scope(), std::move(job));
+  }
+
   void wake_self() override { s_->ring(wake_scope::input); }
 
   void cancel_child(const session_id& child) override { s_->host_.interrupt(child); }
@@ -226,6 +251,7 @@ awaitable<void> session::handle(session_message& m) {
     if (phase_ == phase::busy) {
       interrupted_ = true;
       drain_cancel_.emit(asio::cancellation_type::terminal);
+      release_withhold();
     }
   } else if (auto* rv = std::get_if<set_revert>(&m)) {
     auto r = co_await host_.store().set_revert(id(), rv->staged);
@@ -250,6 +276,7 @@ awaitable<void> session::handle(session_message& m) {
     stopping_ = true;
     pending_.reset();
     if (phase_ != phase::idle) drain_cancel_.emit(asio::cancellation_type::terminal);
+    release_withhold();
     for (auto& w : idle_waiters_) w.fail(error{errc::stopped, "host shut down"});
     idle_waiters_.clear();
     error down{errc::stopped, "host shut down before the child settled"};
@@ -286,6 +313,18 @@ void session::ring(wake_scope s) {
     return;
   }
   pending_ = pending_ ? std::max(*pending_, s) : s;  // input wins over steer
+  release_withhold();
+}
+
+void session::release_withhold() {
+  if (withhold_) withhold_->set(0);
+}
+
+bool session::withholding() {
+  auto& q = host_.jobs();
+  if (!q.turn_has_live_jobs(id(), turn_)) return false;
+  auto row = host_.store().session(id());
+  return !row || !*row || (*row)->job_policy == "withhold";
 }
 
 void session::start_busy_period() {
@@ -323,6 +362,7 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     co_return;
   }
   started_seq_ = begun->seq;
+  turn_ = begun->turn;
   if (auto* o = host_.observer()) o->started(id(), started_seq_);
   std::int64_t cursor = begun->input_cursor;
   failed_ = false;
@@ -385,7 +425,33 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
       }
       break;
     }
-    if (interrupted_ || failed_ || !pending_) break;
+    if (interrupted_ || failed_) break;
+    // Withhold the turn's completion while jobs it owns run; each change of
+    // the queue's revision (or a wake) looks again.
+    while (!pending_ && !interrupted_ && !stopping_ && withholding()) {
+      auto& q = host_.jobs();
+      auto seen = q.revision();
+      if (!q.turn_has_live_jobs(id(), turn_)) break;
+      withhold_ = runtime::one_shot<int>::make();
+      auto w = withhold_;
+      auto changed = q.revision_after(seen);
+      changed->async_wait([w](std::uint64_t) { w->set(0); });
+      co_await w->async_wait(asio::use_awaitable);
+      withhold_.reset();
+    }
+    if (interrupted_ || stopping_ || !pending_) break;
+  }
+  // Stopping a turn cancels exactly the jobs it owns, confirmed stopped,
+  // before the turn closes.
+  if (interrupted_ && !stopping_ && host_.jobs().turn_has_live_jobs(id(), turn_)) {
+    owner_scope me;
+    me.tenant = row_.tenant;
+    me.thread = id();
+    me.turn = turn_;
+    auto stopped = co_await host_.jobs().stop_turn(std::move(me));
+    if (!stopped)
+      host_.warn("session " + id().str() + ": stopping turn " + turn_.str() + ": " +
+                 stopped.error().message);
   }
   if (stopping_) {  // graceful shutdown: keep the claim and the running row
     busy_done_->set(0);

@@ -106,6 +106,11 @@ class session : public runtime::actor<session, session_message> {
   awaitable<void> run_drain(std::shared_ptr<context> ctx, drain_input in);
   awaitable<void> settle();
   void release_waiters();
+  /// Ends a withholding wait (a wake, an interrupt, a shutdown).
+  void release_withhold();
+  /// Withhold: while jobs this turn owns run, the busy period stays open,
+  /// waiting on a change of the job queue's revision (never on a timer).
+  bool withholding();
   static awaitable<void> finish_admit(
       std::shared_ptr<session> self,
       std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> st,
@@ -128,6 +133,8 @@ class session : public runtime::actor<session, session_message> {
   std::deque<job_binding> queued_jobs_;  // jobs waiting for a busy period of their own
   std::vector<reply_to<void>> idle_waiters_;
   std::shared_ptr<runtime::one_shot<int>> busy_done_;
+  protocol::turn_id turn_;  // the current busy period's turn
+  std::shared_ptr<runtime::one_shot<int>> withhold_;
 };
 
 }  // namespace tether::actors

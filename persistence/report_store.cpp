@@ -95,7 +95,8 @@ void insert_job(SQLite::Database& db, const job_row& r) {
 
 void insert_session(SQLite::Database& db, const session_row& r) {
   auto& st = cached_statement(db, "INSERT INTO sessions (id, parent_id, parent_notify, description, agent, "
-                       "status, created_at) VALUES (?, ?, ?, ?, ?, 'idle', ?)");
+                       "status, created_at, tenant, job_notify, job_policy) "
+                       "VALUES (?, ?, ?, ?, ?, 'idle', ?, ?, ?, ?)");
   st.bind(1, r.id.str());
   bind_opt(st, 2, r.parent);
   if (r.notify)
@@ -105,6 +106,9 @@ void insert_session(SQLite::Database& db, const session_row& r) {
   st.bind(4, r.description);
   st.bind(5, r.agent);
   st.bind(6, now_ms());
+  st.bind(7, r.tenant.str());
+  st.bind(8, r.job_notify ? 1 : 0);
+  st.bind(9, r.job_policy);
   st.exec();
 }
 
@@ -155,7 +159,7 @@ result<message_row> decode_message(const std::string& session, SQLite::Statement
 
 constexpr const char* k_session_cols =
     "id, parent_id, parent_notify, description, agent, status, time_suspended, resume_attempts, "
-    "seq, revert_staged, input_cursor, idle_outcome";
+    "seq, revert_staged, input_cursor, idle_outcome, tenant, turn, job_notify, job_policy";
 
 result<session_row> decode_session(SQLite::Statement& q) {
   session_row r;
@@ -174,6 +178,12 @@ result<session_row> decode_session(SQLite::Statement& q) {
   r.revert_staged = q.getColumn(9).getInt() != 0;
   r.input_cursor = q.getColumn(10).getInt64();
   r.idle_outcome = opt_text(q.getColumn(11));
+  r.tenant = protocol::tenant_id(q.getColumn(12).getString());
+  if (auto t = opt_text(q.getColumn(13))) r.turn = protocol::turn_id(*t);
+  r.job_notify = q.getColumn(14).getInt() != 0;
+  r.job_policy = q.getColumn(15).getString();
+  if (r.job_policy != "withhold" && r.job_policy != "report_now")
+    return corrupt("sessions", r.id.str(), "job_policy: unknown value '" + r.job_policy + "'");
   return r;
 }
 
@@ -240,15 +250,20 @@ awaitable<result<std::int64_t>> report_store::append(session_id s, std::string r
 awaitable<result<report_store::busy_start>> report_store::begin_busy(session_id s) {
   auto name = "begin busy period of " + s.str();
   auto fn = [s = std::move(s)](SQLite::Database& db) -> result<busy_start> {
+    // A period that resumes a claim (the host died mid-turn) keeps its turn.
     auto& st = cached_statement(db,
                                 "UPDATE sessions SET status = 'busy', "
+                                "turn = CASE WHEN time_suspended IS NULL OR turn IS NULL "
+                                "THEN ? ELSE turn END, "
                                 "time_suspended = coalesce(time_suspended, ?) WHERE id = ? "
-                                "RETURNING seq, input_cursor");
-    st.bind(1, now_ms());
-    st.bind(2, s.str());
+                                "RETURNING seq, input_cursor, turn");
+    st.bind(1, protocol::mint("turn"));
+    st.bind(2, now_ms());
+    st.bind(3, s.str());
     if (!st.executeStep())
       return error{errc::not_found, "session '" + s.str() + "' does not exist"};
-    return busy_start{st.getColumn(0).getInt64(), st.getColumn(1).getInt64()};
+    return busy_start{st.getColumn(0).getInt64(), st.getColumn(1).getInt64(),
+                      protocol::turn_id(st.getColumn(2).getString())};
   };
   co_return co_await w_.write(std::move(name), 32, std::move(fn));
 }
@@ -375,16 +390,50 @@ awaitable<result<std::vector<message_row>>> report_store::take_inbox(session_id 
     }
     std::vector<message_row> out;
     for (auto& [nid, body] : pending) {
-      message_row m{0, "user", "report", "completed", body};
-      m.seq = append_in_tx(db, s.str(), m.role, m.kind, m.status, body);
+      // A job receipt: acknowledged here (an idle session's receipt is
+      // acknowledged once processed), unless its owner already read the
+      // result through a status call or it was dropped: then it is not shown.
+      auto& rc = cached_statement(db, "SELECT state FROM receipts WHERE id = ?");
+      rc.bind(1, nid);
+      std::optional<std::string> receipt;
+      if (rc.executeStep()) receipt = rc.getColumn(0).getString();
+      rc.reset();
+      bool show = !receipt || *receipt == "pending" || *receipt == "acked";
+      if (receipt && *receipt == "pending") {
+        auto& ra = cached_statement(
+            db, "UPDATE receipts SET state = 'acked', updated_at = ? WHERE id = ? AND state = 'pending'");
+        ra.bind(1, now_ms());
+        ra.bind(2, nid);
+        ra.exec();
+      }
       auto& ack = cached_statement(db, "UPDATE inbox SET state = 'acked' WHERE session_id = ? AND "
                             "notification_id = ?");
       ack.bind(1, s.str());
       ack.bind(2, nid);
       ack.exec();
+      if (!show) continue;
+      message_row m{0, "user", receipt ? "notice" : "report", "completed", body};
+      m.seq = append_in_tx(db, s.str(), m.role, m.kind, m.status, body);
       out.push_back(std::move(m));
     }
     return out;
+  };
+  co_return co_await w_.write(std::move(name), 64, std::move(fn));
+}
+
+awaitable<result<void>> report_store::set_job_policy(session_id s, bool notify, std::string policy) {
+  if (policy != "withhold" && policy != "report_now")
+    co_return error{errc::invalid, "job policy '" + policy +
+                                       "' is not one of withhold, report_now; the session's "
+                                       "policy was kept"};
+  auto name = "set job policy of " + s.str();
+  auto fn = [s = std::move(s), notify, policy = std::move(policy)](SQLite::Database& db) -> result<void> {
+    auto& st = cached_statement(db, "UPDATE sessions SET job_notify = ?, job_policy = ? WHERE id = ?");
+    st.bind(1, notify ? 1 : 0);
+    st.bind(2, policy);
+    st.bind(3, s.str());
+    if (st.exec() != 1) return error{errc::not_found, "session '" + s.str() + "' does not exist"};
+    return {};
   };
   co_return co_await w_.write(std::move(name), 64, std::move(fn));
 }

@@ -35,6 +35,11 @@ struct session_row {
   bool revert_staged = false;
   std::int64_t input_cursor = 0;
   std::optional<std::string> idle_outcome;
+  // Owned jobs (schema v2).
+  protocol::tenant_id tenant{"default"};
+  std::optional<protocol::turn_id> turn;  // the current (or last) turn
+  bool job_notify = true;                 // its turns may launch background jobs
+  std::string job_policy = "withhold";    // withhold | report_now
 };
 
 struct message_row {
@@ -134,6 +139,7 @@ class report_store : public report_reader {
   struct busy_start {
     std::int64_t seq = 0;
     std::int64_t input_cursor = 0;
+    protocol::turn_id turn;  // a new turn, or the one a crashed period held
   };
   awaitable<result<busy_start>> begin_busy(session_id s);
   /// Creates a child (unless it exists), appends its prompt and, for a
@@ -159,6 +165,9 @@ class report_store : public report_reader {
   /// one transaction. Returns the appended messages.
   awaitable<result<std::vector<message_row>>> take_inbox(session_id s);
   awaitable<result<void>> set_revert(session_id s, bool staged);
+  /// Whether the session's turns may launch background jobs, and what a turn
+  /// does while its jobs run ("withhold" or "report_now").
+  awaitable<result<void>> set_job_policy(session_id s, bool notify, std::string policy);
   awaitable<result<int>> bump_resume(session_id s);
   awaitable<result<void>> write_job(job_row row);
   /// A shell exited: its notice enters the owner's inbox and its row goes.

@@ -64,6 +64,57 @@ CREATE TABLE inbox (
 CREATE INDEX inbox_pending ON inbox(session_id, admitted_seq, admitted_at, notification_id)
   WHERE state = 'pending';
 )sql",
+      // 2: owned jobs and their receipts (issue 5). A session gets a tenant, its
+      // current turn, whether its turns may launch background jobs, and what a
+      // turn does while jobs it owns still run (withhold: its busy period stays
+      // open until they end; report_now: it settles and the receipts come later).
+      R"sql(
+ALTER TABLE sessions ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
+ALTER TABLE sessions ADD COLUMN turn TEXT;
+ALTER TABLE sessions ADD COLUMN job_notify INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE sessions ADD COLUMN job_policy TEXT NOT NULL DEFAULT 'withhold'
+  CHECK (job_policy IN ('withhold','report_now'));
+
+-- One row per job the queue owns, whatever channel launched it. The owner
+-- scope is written before the command is dispatched.
+CREATE TABLE owned_jobs (
+  id          TEXT PRIMARY KEY,
+  tenant      TEXT NOT NULL,
+  thread      TEXT NOT NULL,
+  turn        TEXT NOT NULL,
+  scope       TEXT NOT NULL,            -- JSON owner scope (tenant, thread, turn, sandbox, generation)
+  state       TEXT NOT NULL,            -- admitted | running | completed | failed | cancelled | lost
+  command     TEXT NOT NULL,            -- JSON: the scrubbed preview and the launch channel
+  completion  TEXT,                     -- JSON shell completion once terminal
+  created_at  INTEGER NOT NULL,
+  updated_at  INTEGER NOT NULL
+);
+CREATE INDEX owned_jobs_live ON owned_jobs(state) WHERE state IN ('admitted','running');
+CREATE INDEX owned_jobs_turn ON owned_jobs(thread, turn);
+
+-- A receipt per job transition, id '<job>/<transition>'. pending: owed to its
+-- owner; acked: delivered; read: the owner read it through a status call, so
+-- it is not delivered; dropped: refused on reload (other scope, older generation).
+CREATE TABLE receipts (
+  id          TEXT PRIMARY KEY,
+  job_id      TEXT NOT NULL,
+  transition  TEXT NOT NULL,
+  scope       TEXT NOT NULL,
+  body        TEXT NOT NULL,
+  state       TEXT NOT NULL,
+  created_at  INTEGER NOT NULL,
+  updated_at  INTEGER NOT NULL
+);
+CREATE INDEX receipts_pending ON receipts(created_at, id) WHERE state = 'pending';
+CREATE INDEX receipts_job ON receipts(job_id);
+
+-- The sandbox generation this host is bound to, per sandbox.
+CREATE TABLE sandboxes (
+  id          TEXT PRIMARY KEY,
+  generation  INTEGER NOT NULL,
+  bound_at    INTEGER NOT NULL
+);
+)sql",
   };
   return steps;
 }

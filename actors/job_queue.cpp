@@ -1,0 +1,635 @@
+#include "tether/actors/job_queue.hpp"
+
+#include "tether/actors/host.hpp"
+#include "tether/protocol/scrub.hpp"
+#include "tether/runtime/crash_point.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <filesystem>
+#include <set>
+
+namespace tether::actors {
+
+using persistence::receipt;
+using persistence::receipt_state;
+using protocol::event_id;
+
+namespace {
+
+error not_found(const job_id& job) {
+  // The same words for a stranger's job and for no job at all.
+  return error{errc::not_found, "job '" + job.str() + "' not found"};
+}
+
+owned_state terminal_of(const protocol::shell_completion& c) {
+  switch (c.status.state) {
+    case protocol::job_state::killed: return owned_state::cancelled;
+    case protocol::job_state::unknown: return owned_state::lost;
+    case protocol::job_state::exited:
+      return c.status.exit_code == 0 ? owned_state::completed : owned_state::failed;
+    case protocol::job_state::running: break;
+  }
+  return owned_state::lost;
+}
+
+std::string unknown_notice(const job_id& job, const std::string& preview, const std::string& why) {
+  protocol::shell_completion c;
+  c.job = job.str();
+  c.status.state = protocol::job_state::unknown;
+  c.status.reason = why;
+  c.preview.text = preview;
+  return protocol::render_notice(c);
+}
+
+}  // namespace
+
+job_queue::job_queue(runtime::executor ex, host& h, persistence::receipt_store& store,
+                     job_queue_options opts)
+    : ex_(ex),
+      host_(h),
+      store_(store),
+      opts_(std::move(opts)),
+      lease_(std::make_shared<sandbox_lease>()) {}
+
+job_queue::~job_queue() = default;
+
+void job_queue::shutdown() {
+  std::lock_guard lk(m_);
+  stopped_ = true;
+}
+
+// ---- live set and revision ---------------------------------------------------------
+
+void job_queue::bump() {
+  std::vector<std::shared_ptr<runtime::one_shot<std::uint64_t>>> ready;
+  std::uint64_t rev;
+  {
+    std::lock_guard lk(m_);
+    rev = ++revision_;
+    for (auto it = revision_waiters_.begin(); it != revision_waiters_.end();) {
+      if (rev > it->first) {
+        ready.push_back(it->second);
+        it = revision_waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& w : ready) w->set(rev);
+}
+
+std::uint64_t job_queue::revision() {
+  std::lock_guard lk(m_);
+  return revision_;
+}
+
+std::shared_ptr<runtime::one_shot<std::uint64_t>> job_queue::revision_after(std::uint64_t seen) {
+  auto w = runtime::one_shot<std::uint64_t>::make();
+  std::lock_guard lk(m_);
+  if (revision_ > seen || stopped_)
+    w->set(revision_);
+  else
+    revision_waiters_.emplace_back(seen, w);
+  return w;
+}
+
+void job_queue::busy(int delta) {
+  std::vector<std::shared_ptr<runtime::one_shot<int>>> ready;
+  {
+    std::lock_guard lk(m_);
+    busy_ += delta;
+    if (busy_ == 0) ready.swap(idle_waiters_);
+  }
+  for (auto& w : ready) w->set(0);
+  host_.activity(delta, true);
+}
+
+awaitable<void> job_queue::wait_idle() {
+  auto w = runtime::one_shot<int>::make();
+  {
+    std::lock_guard lk(m_);
+    if (busy_ == 0) co_return;
+    idle_waiters_.push_back(w);
+  }
+  co_await w->async_wait(asio::use_awaitable);
+}
+
+void job_queue::add_live(owned_job j) {
+  {
+    std::lock_guard lk(m_);
+    auto id = j.id;
+    live_[id].job = std::move(j);
+  }
+  busy(+1);
+  bump();
+}
+
+void job_queue::end_live(const job_id& job) {
+  std::vector<std::shared_ptr<runtime::one_shot<int>>> ws;
+  {
+    std::lock_guard lk(m_);
+    auto it = live_.find(job);
+    if (it == live_.end()) return;
+    ws = std::move(it->second.waiters);
+    live_.erase(it);
+  }
+  for (auto& w : ws) w->set(0);
+  bump();
+  busy(-1);
+}
+
+bool job_queue::turn_has_live_jobs(const protocol::session_id& thread, const protocol::turn_id& turn) {
+  std::lock_guard lk(m_);
+  for (auto& [id, l] : live_)
+    if (l.job.scope.thread == thread && l.job.scope.turn == turn) return true;
+  return false;
+}
+
+std::vector<protocol::running_item> job_queue::running(const protocol::session_id& thread) {
+  std::vector<protocol::running_item> out;
+  std::lock_guard lk(m_);
+  for (auto& [id, l] : live_)
+    if (l.job.scope.thread == thread && !persistence::is_terminal(l.job.state))
+      out.push_back({"shell", id.str(), l.job.preview});
+  return out;
+}
+
+std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> job_queue::sandbox() const {
+  std::lock_guard lk(m_);
+  return sandbox_;
+}
+
+// ---- routes ------------------------------------------------------------------------------
+
+awaitable<result<void>> job_queue::open_route() {
+  if (channel_) co_return result<void>{};
+  if (opts_.sandbox_dir.empty())
+    co_return error{errc::refused, "no sandbox is configured (job_queue_options.sandbox_dir); "
+                                   "nothing was started"};
+  std::string socket = socket_path_for(opts_.sandbox_dir);
+  if (opts_.start_daemon) {
+    daemon_options d;
+    d.state_dir = opts_.sandbox_dir;
+    d.binary = opts_.daemon_binary;
+    auto h = ensure_daemon(d);
+    if (!h) co_return h.error();
+    socket = h->socket_path;
+  }
+  auto c = co_await sandbox_client::connect(socket, wire::conn_mode::read_write, "tether host");
+  if (!c) co_return c.error();
+  auto hello = (*c)->hello();
+  {
+    // The platform route must reach the generation recovery proved, if any.
+    auto bound = store_.bound_generation(hello.sandbox);
+    if (!bound) co_return bound.error();
+    if (*bound && **bound > hello.generation)
+      co_return error{errc::refused, "sandbox '" + hello.sandbox.str() + "' answers with generation " +
+                                         std::to_string(hello.generation) + ", older than the bound " +
+                                         std::to_string(**bound) + "; nothing was started"};
+  }
+  auto b = co_await store_.bind_sandbox(hello.sandbox, hello.generation);
+  if (!b) co_return b.error();
+  auto platform = std::make_shared<client_route>("platform", std::move(*c));
+  std::shared_ptr<command_route> adapter;
+  if (opts_.adapter) {
+    auto a = co_await opts_.adapter(socket);
+    if (!a) co_return a.error();
+    adapter = std::move(*a);
+  }
+  auto ch = std::make_shared<routed_channel>(platform, adapter, opts_.adapter_failures, lease_);
+  ch->on_fallback = [this](const std::string& w) { host_.warn(w); };
+  channel_ = std::move(ch);
+  std::lock_guard lk(m_);
+  sandbox_ = std::make_pair(hello.sandbox, hello.generation);
+  co_return result<void>{};
+}
+
+// ---- ownership ---------------------------------------------------------------------------
+
+result<owned_job> job_queue::owned(const owner_scope& caller, const job_id& job) {
+  auto j = store_.job(job);
+  if (!j) return j.error();
+  if (!*j || !caller.owns((*j)->scope)) return not_found(job);
+  return std::move(**j);
+}
+
+job_view job_queue::view_of(const owned_job& j) {
+  job_view v{j.id, j.state, j.completion, {}};
+  if (persistence::is_terminal(j.state))
+    if (auto r = store_.receipt_by_id(protocol::make_event_id(j.id, persistence::transition_of(j.state))); r && *r)
+      v.notice = (*r)->body;
+  return v;
+}
+
+// ---- launch ------------------------------------------------------------------------------
+
+awaitable<result<job_id>> job_queue::launch(owner_scope caller, launch_request req) {
+  auto task = launch_on(std::move(caller), std::move(req));
+  co_return co_await asio::co_spawn(ex_, std::move(task), asio::use_awaitable);
+}
+
+awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_request req) {
+  if (caller.tenant.empty() || caller.thread.empty() || caller.turn.empty())
+    co_return error{errc::invalid, "launch: the caller's scope needs a tenant, a thread and a turn; "
+                                   "nothing was started"};
+  auto row = host_.store().session(caller.thread);
+  if (!row) co_return row.error();
+  if (!*row || (*row)->tenant != caller.tenant)
+    co_return error{errc::not_found, "session '" + caller.thread.str() + "' not found; nothing was started"};
+  if (req.background && !(*row)->job_notify)
+    co_return error{errc::refused, "turn '" + caller.turn.str() + "' of session '" +
+                                       caller.thread.str() +
+                                       "' has notifications disabled, so a background job would "
+                                       "have no way back to it; nothing was started"};
+  if (req.command.empty()) co_return error{errc::invalid, "launch: the command is empty; nothing was started"};
+  {
+    std::lock_guard lk(m_);
+    if (stopped_) co_return error{errc::stopped, "the host is shutting down; nothing was started"};
+  }
+  auto opened = co_await open_route();
+  if (!opened) co_return opened.error();
+
+  owned_job j;
+  j.id = job_id(protocol::mint("job"));
+  j.scope = caller;
+  j.scope.sandbox = sandbox_->first;
+  j.scope.generation = sandbox_->second;
+  j.channel = req.channel;
+  auto env = req.env.empty() ? current_environment() : std::move(req.env);
+  protocol::scrubber scrub(protocol::scrub_rules::from_env(env));
+  j.preview = protocol::make_preview(scrub.scrub(req.command)).text;
+  auto id = j.id;
+  // Ownership is on disk before the command exists.
+  auto admitted = co_await store_.admit(j);
+  if (!admitted) co_return admitted.error();
+  TETHER_CRASH_POINT("delivery.launch.after_admit");
+  add_live(j);
+
+  wire::exec_req er;
+  er.command = std::move(req.command);
+  er.cwd = !req.cwd.empty() ? req.cwd : !opts_.cwd.empty() ? opts_.cwd : std::filesystem::current_path().string();
+  er.env = std::move(env);
+  er.job = id;
+  auto started = co_await channel_->exec(std::move(er));
+  if (!started) {
+    auto notice = unknown_notice(id, j.preview, "the command was not started: " + started.error().message);
+    co_await finish(id, owned_state::failed, std::nullopt, std::move(notice));
+    co_return started.error();
+  }
+  TETHER_CRASH_POINT("delivery.dispatch.after_exec");
+  auto run = co_await store_.mark_running(id);
+  if (!run) host_.warn("job " + id.str() + ": its started receipt was not written: " + run.error().message);
+  if (run && *run) {
+    std::lock_guard lk(m_);
+    if (auto it = live_.find(id); it != live_.end()) it->second.job.state = owned_state::running;
+  }
+  TETHER_CRASH_POINT("delivery.started.after_commit");
+  asio::co_spawn(ex_, watch(id), asio::detached);
+  co_return id;
+}
+
+awaitable<void> job_queue::watch(job_id job) {
+  auto done = co_await channel_->wait(job);
+  {
+    std::lock_guard lk(m_);
+    if (stopped_) co_return;  // the next boot settles it
+    auto it = live_.find(job);
+    if (it == live_.end()) co_return;
+    if (it->second.cancel_requested) {
+      // A completion during a cancel is the cancel's business: it is written
+      // (as cancelled, or as this completion if the kill found the job ended).
+      if (done) it->second.held = *done;
+      co_return;
+    }
+  }
+  if (!done) {
+    std::string preview;
+    {
+      std::lock_guard lk(m_);
+      if (auto it = live_.find(job); it != live_.end()) preview = it->second.job.preview;
+    }
+    auto notice = unknown_notice(job, preview, done.error().message);
+    co_await finish(job, owned_state::lost, std::nullopt, std::move(notice));
+    co_return;
+  }
+  auto body = protocol::render_notice(*done);
+  auto terminal = terminal_of(*done);
+  co_await finish(job, terminal, std::move(*done), std::move(body));
+}
+
+awaitable<void> job_queue::finish(job_id job, owned_state terminal,
+                                  std::optional<protocol::shell_completion> c, std::string body) {
+  auto won = co_await store_.finish(job, terminal, std::move(c), body);
+  if (!won) {
+    host_.warn("job " + job.str() + ": its " + std::string(persistence::to_string(terminal)) +
+               " receipt was not written: " + won.error().message + "; it stays live");
+    co_return;
+  }
+  if (*won) {
+    TETHER_CRASH_POINT("delivery.terminal.after_commit");
+    auto r = store_.receipt_by_id(protocol::make_event_id(job, persistence::transition_of(terminal)));
+    if (r && *r) {
+      auto delivered = co_await deliver(std::move(**r));
+      if (!delivered)
+        host_.warn("job " + job.str() + ": receipt kept pending: " + delivered.error().message);
+    }
+  }
+  // Handed over (or kept pending for the next boot): the turn may complete.
+  end_live(job);
+}
+
+// ---- delivery ----------------------------------------------------------------------------
+
+awaitable<result<bool>> job_queue::deliver(receipt r) {
+  busy(+1);
+  struct done_guard {
+    job_queue* q;
+    ~done_guard() { q->busy(-1); }
+  } guard{this};
+  // Recheck: still pending (a status read or an earlier delivery may have settled it).
+  auto now = store_.receipt_by_id(r.id);
+  if (!now) co_return now.error();
+  if (!*now || (*now)->state != receipt_state::pending) co_return false;
+  auto owner = host_.store().session(r.scope.thread);
+  if (!owner) co_return owner.error();
+  if (!*owner || (*owner)->tenant != r.scope.tenant) {
+    host_.warn("receipt " + r.id.str() + ": its owner session '" + r.scope.thread.str() +
+               "' is gone; the receipt was dropped");
+    std::vector<event_id> one{r.id};
+    co_await store_.drop(std::move(one));
+    co_return false;
+  }
+  auto s = host_.get(r.scope.thread);
+  if (!s) co_return s.error();
+  bool was_busy = host_.is_busy(r.scope.thread);
+  std::vector<persistence::report_item> items;
+  items.push_back({notification_id(r.id.str()), std::nullopt, r.body});
+  session_msg::admit a{std::move(items), {}};
+  auto admitted = co_await (*s)->ask(std::move(a));
+  if (!admitted) co_return admitted.error();
+  TETHER_CRASH_POINT("delivery.handover.after_admit");
+  if (was_busy) {
+    // Steered: accepted into the running session's queue is acknowledged.
+    auto acked = co_await store_.ack(r.id);
+    if (!acked) co_return acked.error();
+    TETHER_CRASH_POINT("delivery.ack.after_commit");
+    host_.wake(**s, wake_scope::steer, true);
+  } else {
+    // Prompted: acknowledged when the session's drain takes it.
+    host_.wake(**s, wake_scope::input, true);
+  }
+  co_return true;
+}
+
+// ---- status, wait, cancel ------------------------------------------------------------------
+
+awaitable<result<job_view>> job_queue::status(owner_scope caller, job_id job) {
+  auto task = status_on(std::move(caller), std::move(job), false);
+  co_return co_await asio::co_spawn(ex_, std::move(task), asio::use_awaitable);
+}
+
+awaitable<result<job_view>> job_queue::wait(owner_scope caller, job_id job) {
+  auto task = status_on(std::move(caller), std::move(job), true);
+  co_return co_await asio::co_spawn(ex_, std::move(task), asio::use_awaitable);
+}
+
+awaitable<result<job_view>> job_queue::status_on(owner_scope caller, job_id job, bool wait) {
+  for (;;) {
+    auto j = owned(caller, job);
+    if (!j) co_return j.error();
+    if (persistence::is_terminal(j->state)) {
+      // Read: it is not delivered again.
+      auto rid = protocol::make_event_id(j->id, persistence::transition_of(j->state));
+      auto read = co_await store_.mark_read(rid);
+      if (!read) co_return read.error();
+      co_return view_of(*j);
+    }
+    if (!wait) co_return view_of(*j);
+    std::shared_ptr<runtime::one_shot<int>> w;
+    {
+      std::lock_guard lk(m_);
+      auto it = live_.find(job);
+      if (it != live_.end()) {
+        w = runtime::one_shot<int>::make();
+        it->second.waiters.push_back(w);
+      }
+    }
+    // Not live and not terminal: the next boot settles it; report it as it is.
+    if (!w) co_return view_of(*j);
+    co_await w->async_wait(asio::use_awaitable);
+  }
+}
+
+awaitable<result<job_view>> job_queue::cancel(owner_scope caller, job_id job) {
+  auto task = cancel_on(std::move(caller), std::move(job), true);
+  co_return co_await asio::co_spawn(ex_, std::move(task), asio::use_awaitable);
+}
+
+awaitable<result<job_view>> job_queue::cancel_on(owner_scope caller, job_id job, bool read) {
+  auto j = owned(caller, job);
+  if (!j) co_return j.error();
+  if (!persistence::is_terminal(j->state)) {
+    {
+      std::lock_guard lk(m_);
+      auto it = live_.find(job);
+      if (it == live_.end() || it->second.cancel_requested)
+        co_return error{errc::conflict, "job '" + job.str() + "' is being settled; try again"};
+      it->second.cancel_requested = true;
+    }
+    auto opened = co_await open_route();
+    if (!opened) co_return opened.error();
+    auto killed = co_await channel_->kill(job);
+    std::optional<protocol::shell_completion> held;
+    {
+      std::lock_guard lk(m_);
+      if (auto it = live_.find(job); it != live_.end()) {
+        it->second.cancel_requested = false;
+        held = std::move(it->second.held);
+      }
+    }
+    if (!killed) {
+      // Not confirmed stopped: no cancelled receipt. A completion that came
+      // meanwhile is written as what it is.
+      if (held) co_await finish(job, terminal_of(*held), *held, protocol::render_notice(*held));
+      co_return error{killed.error().code,
+                      "job '" + job.str() + "' was not confirmed stopped (" +
+                          killed.error().message + "); no cancelled receipt was written"};
+    }
+    TETHER_CRASH_POINT("delivery.cancel.after_kill");
+    // The daemon's answer says how it ended: stopped by us, or already done.
+    auto terminal = terminal_of(*killed);
+    auto body = protocol::render_notice(*killed);
+    co_await finish(job, terminal, std::move(*killed), std::move(body));
+    auto again = owned(caller, job);
+    if (!again) co_return again.error();
+    j = std::move(*again);
+  }
+  if (read && persistence::is_terminal(j->state)) {
+    auto rid = protocol::make_event_id(j->id, persistence::transition_of(j->state));
+    auto r = co_await store_.mark_read(rid);
+    if (!r) co_return r.error();
+  }
+  co_return view_of(*j);
+}
+
+awaitable<result<int>> job_queue::stop_turn(owner_scope turn) {
+  std::vector<job_id> mine;
+  {
+    std::lock_guard lk(m_);
+    for (auto& [id, l] : live_)
+      if (turn.owns(l.job.scope)) mine.push_back(id);
+  }
+  int n = 0;
+  std::optional<error> first;
+  for (auto& id : mine) {
+    auto task = cancel_on(turn, id, false);
+    auto r = co_await asio::co_spawn(ex_, std::move(task), asio::use_awaitable);
+    if (r && r->state == owned_state::cancelled) ++n;
+    if (!r && !first && r.error().code != errc::not_found) first = r.error();
+  }
+  if (first) co_return *first;
+  co_return n;
+}
+
+// ---- recovery ----------------------------------------------------------------------------
+
+awaitable<result<recovery_report>> job_queue::recover() {
+  auto task = recover_on();
+  co_return co_await asio::co_spawn(ex_, std::move(task), asio::use_awaitable);
+}
+
+awaitable<result<recovery_report>> job_queue::recover_on() {
+  recovery_report rep;
+  auto refuse = [](const error& e) {
+    return error{e.code, "refusing to boot: " + e.message};
+  };
+  auto live = store_.live_jobs();
+  if (!live) co_return refuse(live.error());
+  auto pending = store_.pending_receipts();
+  if (!pending) co_return refuse(pending.error());
+
+  // Every recorded owner must be recovered on its own sandbox generation,
+  // through a read-only connection that cannot start anything.
+  std::unique_ptr<sandbox_client> ro;
+  for (auto& j : *live) {
+    auto who = "owned job '" + j.id.str() + "' (tenant " + j.scope.tenant.str() + ", thread " +
+               j.scope.thread.str() + ", turn " + j.scope.turn.str() + ")";
+    auto stop = [&](const std::string& why) {
+      return error{errc::refused, "refusing to boot: " + who + " " + why +
+                                      "; the outstanding owner was retained and no new work "
+                                      "was started"};
+    };
+    if (j.scope.sandbox.empty() || j.scope.generation == 0)
+      co_return stop("has no proven sandbox generation, so it cannot tell whether its command "
+                     "was dispatched");
+    if (opts_.sandbox_dir.empty())
+      co_return stop("ran on sandbox '" + j.scope.sandbox.str() + "' generation " +
+                     std::to_string(j.scope.generation) + ", but no sandbox is configured");
+    if (!ro) {
+      auto c = co_await sandbox_client::connect(socket_path_for(opts_.sandbox_dir),
+                                                wire::conn_mode::read_only, "tether recovery");
+      if (!c)
+        co_return stop("ran on sandbox '" + j.scope.sandbox.str() + "' generation " +
+                       std::to_string(j.scope.generation) + ", whose daemon cannot be reached (" +
+                       c.error().message + ")");
+      ro = std::move(*c);
+    }
+    auto& h = ro->hello();
+    if (h.sandbox != j.scope.sandbox || h.generation != j.scope.generation)
+      co_return stop("ran on sandbox '" + j.scope.sandbox.str() + "' generation " +
+                     std::to_string(j.scope.generation) + ", but the daemon there is sandbox '" +
+                     h.sandbox.str() + "' generation " + std::to_string(h.generation));
+  }
+
+  // Stale receipts: another scope than their job's, an older generation than
+  // the bound one, or an owner that is gone.
+  std::vector<event_id> drop;
+  std::vector<receipt> resend;
+  for (auto& r : *pending) {
+    auto j = store_.job(r.job);
+    if (!j) co_return refuse(j.error());
+    std::string why;
+    if (!*j) {
+      why = "its job does not exist";
+    } else if (!((*j)->scope == r.scope)) {
+      why = "its scope differs from its job's owner";
+    } else {
+      auto bound = store_.bound_generation(r.scope.sandbox);
+      if (!bound) co_return refuse(bound.error());
+      if (*bound && r.scope.generation < **bound)
+        why = "it belongs to generation " + std::to_string(r.scope.generation) + " of sandbox '" +
+              r.scope.sandbox.str() + "', older than the bound " + std::to_string(**bound);
+    }
+    if (why.empty()) {
+      resend.push_back(std::move(r));
+    } else {
+      auto w = "recovery: receipt " + r.id.str() + " dropped: " + why;
+      rep.warnings.push_back(w);
+      host_.warn(w);
+      drop.push_back(r.id);
+    }
+  }
+  if (!drop.empty()) {
+    rep.dropped = static_cast<int>(drop.size());
+    auto d = co_await store_.drop(std::move(drop));
+    if (!d) co_return refuse(d.error());
+  }
+
+  // Reattach: what ended while the host was down settles once; what runs is
+  // followed again; what the daemon never saw was not dispatched and is not run.
+  std::vector<owned_job> follow;
+  for (auto& j : *live) {
+    auto a = co_await ro->attach(j.id, 0);
+    if (!a && a.error().code == errc::not_found) {
+      add_live(j);
+      auto why = j.state == owned_state::admitted
+                     ? "the host stopped before its command was dispatched; it was not run"
+                     : "the sandbox no longer knows it; how it ended is unknown";
+      co_await finish(j.id, owned_state::lost, std::nullopt, unknown_notice(j.id, j.preview, why));
+      ++rep.lost;
+      continue;
+    }
+    if (!a) co_return refuse(a.error());
+    add_live(j);
+    if (a->done) {
+      auto body = protocol::render_notice(*a->done);
+      auto terminal = terminal_of(*a->done);
+      co_await finish(j.id, terminal, std::move(*a->done), std::move(body));
+      ++rep.finished_while_down;
+      continue;
+    }
+    if (j.state == owned_state::admitted) {
+      auto run = co_await store_.mark_running(j.id);
+      if (!run) co_return refuse(run.error());
+    }
+    follow.push_back(j);
+  }
+  if (ro) ro->close();
+
+  for (auto& r : resend) {
+    auto d = co_await deliver(std::move(r));
+    if (d && *d) ++rep.redelivered;
+    if (!d) {
+      auto w = "recovery: a receipt was kept pending: " + d.error().message;
+      rep.warnings.push_back(w);
+      host_.warn(w);
+    }
+  }
+
+  if (!follow.empty()) {
+    auto opened = co_await open_route();
+    if (!opened) co_return refuse(opened.error());
+    for (auto& j : follow) {
+      if (sandbox_ && (sandbox_->first != j.scope.sandbox || sandbox_->second != j.scope.generation))
+        co_return refuse(error{errc::refused, "the platform route reached another sandbox generation"});
+      asio::co_spawn(ex_, watch(j.id), asio::detached);
+      ++rep.reattached;
+    }
+  }
+  co_return rep;
+}
+
+}  // namespace tether::actors

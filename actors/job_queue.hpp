@@ -1,0 +1,163 @@
+#pragma once
+// The job queue: one owner of every background job's lifecycle, whichever
+// channel launched it (a tool call, the CLI, the embedding API).
+//
+// A job's path (crash points in brackets):
+//   admit: the owner scope is written before anything runs   [delivery.launch.after_admit]
+//   dispatch: exec on the sandbox, idempotent by job id       [delivery.dispatch.after_exec]
+//   running: the `started` receipt                             [delivery.started.after_commit]
+//   terminal: compare-and-set with its pending receipt        [delivery.terminal.after_commit]
+//   delivery: recheck pending, hand over to the owner's session
+//     (admitted into its inbox under the receipt id)           [delivery.handover.after_admit]
+//     busy session: acknowledged on acceptance                 [delivery.ack.after_commit]
+//     idle session: woken with a prompt; acknowledged when its drain takes it
+//   cancel: the daemon's confirmed kill, then the CAS          [delivery.cancel.after_kill]
+// Delivery is at-least-once: a receipt stays pending until acknowledged, a
+// resend carries the same id and the inbox drops the repeat.
+//
+// Ownership: every call names its caller's scope (tenant, thread, turn), which
+// the runtime supplies. A caller that does not own a job is told "not found",
+// exactly as for a job that does not exist.
+//
+// Threads: the queue's coroutines run on its own executor (the routes and the
+// sandbox client live there); public calls hop onto it. The set of live jobs
+// and the revision are also readable from other threads.
+#include "tether/actors/command_route.hpp"
+#include "tether/persistence/receipt_store.hpp"
+#include "tether/protocol/report.hpp"
+#include "tether/runtime/actor.hpp"
+#include "tether/runtime/one_shot.hpp"
+
+#include <map>
+#include <mutex>
+
+namespace tether::actors {
+
+class host;
+using persistence::owned_job;
+using persistence::owned_state;
+using protocol::owner_scope;
+
+struct job_queue_options {
+  std::string sandbox_dir;  // the daemon's state directory; empty: no sandbox
+  /// Starts a daemon there if none serves it (only after recovery found no
+  /// outstanding owner there, or there was none). Tests start their own.
+  bool start_daemon = true;
+  std::string daemon_binary;  // empty: next to the running executable
+  /// Optional adapter route onto the same sandbox, and its fallback threshold.
+  std::function<awaitable<result<std::shared_ptr<command_route>>>(std::string socket)> adapter;
+  int adapter_failures = 3;
+  std::string cwd;  // default working directory of commands; default: the host's
+};
+
+struct launch_request {
+  std::string command;
+  std::string cwd;  // empty: the queue's default
+  std::vector<std::pair<std::string, std::string>> env;  // empty: the host's environment
+  bool background = true;
+  std::string channel = "api";  // tool | cli | api
+};
+
+/// What an owner may know about its job.
+struct job_view {
+  job_id id;
+  owned_state state = owned_state::admitted;
+  std::optional<protocol::shell_completion> completion;
+  std::string notice;  // the terminal receipt's body, once terminal
+};
+
+struct recovery_report {
+  int reattached = 0;       // still running, followed again
+  int finished_while_down = 0;
+  int lost = 0;             // admitted but unknown to the daemon: not run again
+  int redelivered = 0;      // pending receipts handed over again
+  int dropped = 0;          // pending receipts of another scope or an older generation
+  std::vector<std::string> warnings;
+};
+
+class job_queue {
+ public:
+  job_queue(runtime::executor ex, host& h, persistence::receipt_store& store,
+            job_queue_options opts);
+  ~job_queue();
+
+  /// Boot: reattaches read-only to each recorded sandbox generation, settles
+  /// what ended while the host was down, drops stale receipts and resends the
+  /// pending ones. An outstanding owner that cannot be recovered is an error
+  /// (and nothing new starts); so is persisted state that does not parse.
+  awaitable<result<recovery_report>> recover();
+
+  awaitable<result<job_id>> launch(owner_scope caller, launch_request req);
+  /// Status now. A terminal result read this way is not delivered again.
+  awaitable<result<job_view>> status(owner_scope caller, job_id job);
+  /// Until the job is terminal; like status() it counts as reading the result.
+  awaitable<result<job_view>> wait(owner_scope caller, job_id job);
+  /// Confirmed kill, then the `cancelled` receipt (unless the job ended first:
+  /// then its own terminal view). The caller reads the result here.
+  awaitable<result<job_view>> cancel(owner_scope caller, job_id job);
+  /// Cancels every live job the turn owns (confirmed); the receipts are delivered.
+  awaitable<result<int>> stop_turn(owner_scope turn);
+
+  /// Live (not yet handed over) jobs of a turn. Any thread.
+  bool turn_has_live_jobs(const protocol::session_id& thread, const protocol::turn_id& turn);
+  /// Background jobs still running under a thread, for the report's running list.
+  std::vector<protocol::running_item> running(const protocol::session_id& thread);
+  /// Bumped by every change of the set of live jobs. Any thread.
+  std::uint64_t revision();
+  /// Resolves once the revision is past `seen`.
+  std::shared_ptr<runtime::one_shot<std::uint64_t>> revision_after(std::uint64_t seen);
+  /// Resolves once no job is live and no delivery is in flight.
+  awaitable<void> wait_idle();
+
+  /// The platform's sandbox, once a route is open.
+  std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> sandbox() const;
+  routed_channel* channel() { return channel_.get(); }
+  sandbox_lease& lease() { return *lease_; }
+
+  void shutdown();
+
+ private:
+  struct live {
+    owned_job job;
+    bool cancel_requested = false;
+    std::optional<protocol::shell_completion> held;  // a completion that arrived during a cancel
+    std::vector<std::shared_ptr<runtime::one_shot<int>>> waiters;
+  };
+
+  awaitable<result<void>> open_route();
+  awaitable<result<job_id>> launch_on(owner_scope caller, launch_request req);
+  awaitable<result<job_view>> status_on(owner_scope caller, job_id job, bool wait);
+  awaitable<result<job_view>> cancel_on(owner_scope caller, job_id job, bool read);
+  awaitable<result<recovery_report>> recover_on();
+  awaitable<void> watch(job_id job);
+  /// The terminal CAS and the delivery of its receipt.
+  awaitable<void> finish(job_id job, owned_state terminal,
+                         std::optional<protocol::shell_completion> c, std::string body);
+  awaitable<result<bool>> deliver(persistence::receipt r);
+  /// The owned job, or "not found" for a stranger.
+  result<owned_job> owned(const owner_scope& caller, const job_id& job);
+  void add_live(owned_job j);
+  void end_live(const job_id& job);
+  void bump();
+  void busy(int delta);
+  job_view view_of(const owned_job& j);
+
+  runtime::executor ex_;
+  host& host_;
+  persistence::receipt_store& store_;
+  job_queue_options opts_;
+  std::shared_ptr<sandbox_lease> lease_;
+  std::shared_ptr<routed_channel> channel_;
+  std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> sandbox_;
+
+  mutable std::mutex m_;
+  std::map<job_id, live> live_;
+  std::uint64_t revision_ = 0;
+  long busy_ = 0;  // live jobs plus deliveries in flight
+  std::vector<std::pair<std::uint64_t, std::shared_ptr<runtime::one_shot<std::uint64_t>>>>
+      revision_waiters_;
+  std::vector<std::shared_ptr<runtime::one_shot<int>>> idle_waiters_;
+  bool stopped_ = false;
+};
+
+}  // namespace tether::actors

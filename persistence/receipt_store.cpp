@@ -1,0 +1,361 @@
+#include "tether/persistence/receipt_store.hpp"
+
+#include "tether/protocol/json.hpp"
+#include "tether/protocol/payloads.hpp"
+#include "tether/protocol/sandbox_wire.hpp"
+#include "tether/runtime/clock.hpp"
+
+#include <SQLiteCpp/Statement.h>
+
+namespace tether::persistence {
+
+namespace json = boost::json;
+using protocol::transition;
+using runtime::now_ms;
+
+std::string_view to_string(owned_state s) {
+  switch (s) {
+    case owned_state::admitted: return "admitted";
+    case owned_state::running: return "running";
+    case owned_state::completed: return "completed";
+    case owned_state::failed: return "failed";
+    case owned_state::cancelled: return "cancelled";
+    case owned_state::lost: return "lost";
+  }
+  return "unknown";
+}
+
+bool is_terminal(owned_state s) { return s != owned_state::admitted && s != owned_state::running; }
+
+transition transition_of(owned_state terminal) {
+  switch (terminal) {
+    case owned_state::completed: return transition::completed;
+    case owned_state::failed: return transition::failed;
+    case owned_state::cancelled: return transition::cancelled;
+    case owned_state::lost: return transition::lost;
+    default: return transition::started;
+  }
+}
+
+std::string_view to_string(receipt_state s) {
+  switch (s) {
+    case receipt_state::pending: return "pending";
+    case receipt_state::acked: return "acked";
+    case receipt_state::read: return "read";
+    case receipt_state::dropped: return "dropped";
+  }
+  return "unknown";
+}
+
+namespace {
+
+error corrupt(std::string_view table, const std::string& key, const std::string& problem) {
+  return error{errc::corrupt, "refusing persisted state: table '" + std::string(table) + "' key '" +
+                                  key + "': " + problem + "; the row was left as it is"};
+}
+
+error read_failed(std::string_view what, const std::exception& e) {
+  return error{errc::io, std::string(what) + ": " + sqlite_message(e)};
+}
+
+template <class E>
+bool parse_enum(const std::string& text, E& out, std::initializer_list<E> all) {
+  for (auto e : all)
+    if (text == to_string(e)) {
+      out = e;
+      return true;
+    }
+  return false;
+}
+
+constexpr const char* k_job_cols = "id, scope, state, command, completion";
+
+result<owned_job> decode_job(SQLite::Statement& q) {
+  owned_job j;
+  j.id = job_id(q.getColumn(0).getString());
+  const auto& key = j.id.str();
+  auto scope = protocol::decode_text<owner_scope>(
+      q.getColumn(1).getString(), [](const json::value& v) { return protocol::scope_from_json(v); });
+  if (!scope) return corrupt("owned_jobs", key, "scope: " + scope.error().describe());
+  j.scope = std::move(*scope);
+  auto state = q.getColumn(2).getString();
+  using S = owned_state;
+  if (!parse_enum(state, j.state,
+                  {S::admitted, S::running, S::completed, S::failed, S::cancelled, S::lost}))
+    return corrupt("owned_jobs", key, "state: unknown value '" + state + "'");
+  auto command = protocol::parse_json(q.getColumn(3).getString());
+  if (!command) return corrupt("owned_jobs", key, "command: " + command.error().describe());
+  auto f = protocol::fields::of(*command, "command");
+  if (!f) return corrupt("owned_jobs", key, f.error().describe());
+  auto preview = f->str("preview");
+  if (!preview) return corrupt("owned_jobs", key, preview.error().describe());
+  auto channel = f->str("channel");
+  if (!channel) return corrupt("owned_jobs", key, channel.error().describe());
+  j.preview = std::move(*preview);
+  j.channel = std::move(*channel);
+  if (!q.getColumn(4).isNull()) {
+    auto c = protocol::decode_text<protocol::shell_completion>(
+        q.getColumn(4).getString(), [](const json::value& v) {
+          return protocol::sandbox::completion_from_json(v, "completion");
+        });
+    if (!c) return corrupt("owned_jobs", key, c.error().describe());
+    j.completion = std::move(*c);
+  }
+  return j;
+}
+
+constexpr const char* k_receipt_cols = "id, job_id, transition, scope, body, state, created_at";
+
+result<receipt> decode_receipt(SQLite::Statement& q) {
+  receipt r;
+  r.id = event_id(q.getColumn(0).getString());
+  const auto& key = r.id.str();
+  r.job = job_id(q.getColumn(1).getString());
+  auto t = q.getColumn(2).getString();
+  if (!protocol::parse(t, r.transition))
+    return corrupt("receipts", key, "transition: unknown value '" + t + "'");
+  if (r.id != protocol::make_event_id(r.job, r.transition))
+    return corrupt("receipts", key, "id: does not match job '" + r.job.str() + "' and transition '" + t + "'");
+  auto scope = protocol::decode_text<owner_scope>(
+      q.getColumn(3).getString(), [](const json::value& v) { return protocol::scope_from_json(v); });
+  if (!scope) return corrupt("receipts", key, "scope: " + scope.error().describe());
+  r.scope = std::move(*scope);
+  r.body = q.getColumn(4).getString();
+  auto state = q.getColumn(5).getString();
+  using S = receipt_state;
+  if (!parse_enum(state, r.state, {S::pending, S::acked, S::read, S::dropped}))
+    return corrupt("receipts", key, "state: unknown value '" + state + "'");
+  r.created_at = q.getColumn(6).getInt64();
+  return r;
+}
+
+template <class T, class Decode>
+result<std::vector<T>> read_all(reader_pool& readers, const std::string& sql, std::string_view what,
+                                const std::vector<std::string>& binds, Decode decode) {
+  try {
+    auto c = readers.acquire();
+    auto& q = c.statement(sql);
+    for (std::size_t i = 0; i < binds.size(); ++i) q.bind(static_cast<int>(i + 1), binds[i]);
+    std::vector<T> out;
+    while (q.executeStep()) {
+      auto r = decode(q);
+      if (!r) return r.error();
+      out.push_back(std::move(*r));
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return read_failed(what, e);
+  }
+}
+
+template <class T>
+result<std::optional<T>> first_of(result<std::vector<T>> all) {
+  if (!all) return all.error();
+  if (all->empty()) return std::optional<T>{};
+  return std::optional<T>(std::move(all->front()));
+}
+
+void insert_receipt(SQLite::Database& db, const job_id& job, transition t, const std::string& scope,
+                    const std::string& body, receipt_state state) {
+  auto& st = cached_statement(db,
+                              "INSERT INTO receipts (id, job_id, transition, scope, body, state, "
+                              "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+  auto now = now_ms();
+  st.bind(1, protocol::make_event_id(job, t).str());
+  st.bind(2, job.str());
+  st.bind(3, std::string(protocol::to_string(t)));
+  st.bind(4, scope);
+  st.bind(5, body);
+  st.bind(6, std::string(to_string(state)));
+  st.bind(7, now);
+  st.bind(8, now);
+  st.exec();
+}
+
+// Moves a pending receipt to `to`; true if it was pending.
+result<bool> settle_receipt(SQLite::Database& db, const event_id& id, receipt_state to) {
+  auto& st = cached_statement(
+      db, "UPDATE receipts SET state = ?, updated_at = ? WHERE id = ? AND state = 'pending'");
+  st.bind(1, std::string(to_string(to)));
+  st.bind(2, now_ms());
+  st.bind(3, id.str());
+  return st.exec() == 1;
+}
+
+}  // namespace
+
+result<std::optional<owned_job>> receipt_store::job(const job_id& id) {
+  return first_of(read_all<owned_job>(
+      readers_, std::string("SELECT ") + k_job_cols + " FROM owned_jobs WHERE id = ?",
+      "reading owned job " + id.str(), {id.str()}, decode_job));
+}
+
+result<std::vector<owned_job>> receipt_store::live_jobs() {
+  return read_all<owned_job>(readers_,
+                             std::string("SELECT ") + k_job_cols +
+                                 " FROM owned_jobs WHERE state IN ('admitted','running') "
+                                 "ORDER BY created_at, id",
+                             "reading live owned jobs", {}, decode_job);
+}
+
+result<std::vector<owned_job>> receipt_store::jobs_of_turn(const protocol::session_id& thread,
+                                                           const protocol::turn_id& turn) {
+  return read_all<owned_job>(readers_,
+                             std::string("SELECT ") + k_job_cols +
+                                 " FROM owned_jobs WHERE thread = ? AND turn = ? "
+                                 "ORDER BY created_at, id",
+                             "reading jobs of turn " + turn.str(), {thread.str(), turn.str()},
+                             decode_job);
+}
+
+result<std::vector<receipt>> receipt_store::pending_receipts() {
+  return read_all<receipt>(readers_,
+                           std::string("SELECT ") + k_receipt_cols +
+                               " FROM receipts WHERE state = 'pending' ORDER BY created_at, id",
+                           "reading pending receipts", {}, decode_receipt);
+}
+
+result<std::optional<receipt>> receipt_store::receipt_by_id(const event_id& id) {
+  return first_of(read_all<receipt>(
+      readers_, std::string("SELECT ") + k_receipt_cols + " FROM receipts WHERE id = ?",
+      "reading receipt " + id.str(), {id.str()}, decode_receipt));
+}
+
+result<std::vector<receipt>> receipt_store::receipts_of(const job_id& job) {
+  return read_all<receipt>(
+      readers_,
+      std::string("SELECT ") + k_receipt_cols + " FROM receipts WHERE job_id = ? ORDER BY created_at, id",
+      "reading receipts of " + job.str(), {job.str()}, decode_receipt);
+}
+
+result<std::optional<std::uint64_t>> receipt_store::bound_generation(
+    const protocol::sandbox_id& sandbox) {
+  auto decode = [](SQLite::Statement& q) -> result<std::uint64_t> {
+    auto g = q.getColumn(0).getInt64();
+    if (g < 0) return corrupt("sandboxes", q.getColumn(1).getString(), "generation: negative");
+    return static_cast<std::uint64_t>(g);
+  };
+  return first_of(read_all<std::uint64_t>(readers_,
+                                          "SELECT generation, id FROM sandboxes WHERE id = ?",
+                                          "reading sandbox " + sandbox.str(), {sandbox.str()}, decode));
+}
+
+awaitable<result<void>> receipt_store::admit(owned_job j) {
+  auto name = "admit owned job " + j.id.str();
+  auto fn = [j = std::move(j)](SQLite::Database& db) -> result<void> {
+    auto& st = cached_statement(db,
+                                "INSERT OR IGNORE INTO owned_jobs (id, tenant, thread, turn, scope, "
+                                "state, command, created_at, updated_at) "
+                                "VALUES (?, ?, ?, ?, ?, 'admitted', ?, ?, ?)");
+    auto now = now_ms();
+    json::object command{{"preview", j.preview}, {"channel", j.channel}};
+    st.bind(1, j.id.str());
+    st.bind(2, j.scope.tenant.str());
+    st.bind(3, j.scope.thread.str());
+    st.bind(4, j.scope.turn.str());
+    st.bind(5, protocol::to_text(protocol::to_json(j.scope)));
+    st.bind(6, protocol::to_text(command));
+    st.bind(7, now);
+    st.bind(8, now);
+    if (st.exec() != 1)
+      return error{errc::conflict, "job id '" + j.id.str() +
+                                       "' is already owned; the existing job was kept and "
+                                       "nothing was started"};
+    return {};
+  };
+  co_return co_await w_.write(std::move(name), 256, std::move(fn));
+}
+
+awaitable<result<bool>> receipt_store::mark_running(job_id id) {
+  auto name = "owned job running " + id.str();
+  auto fn = [id = std::move(id)](SQLite::Database& db) -> result<bool> {
+    auto& st = cached_statement(db,
+                                "UPDATE owned_jobs SET state = 'running', updated_at = ? "
+                                "WHERE id = ? AND state = 'admitted' RETURNING scope");
+    st.bind(1, now_ms());
+    st.bind(2, id.str());
+    if (!st.executeStep()) return false;
+    auto scope = st.getColumn(0).getString();
+    st.reset();
+    insert_receipt(db, id, transition::started, scope, "started", receipt_state::acked);
+    return true;
+  };
+  co_return co_await w_.write(std::move(name), 128, std::move(fn));
+}
+
+awaitable<result<bool>> receipt_store::finish(job_id id, owned_state terminal,
+                                              std::optional<protocol::shell_completion> completion,
+                                              std::string body) {
+  if (!is_terminal(terminal))
+    co_return error{errc::invalid, "finish(" + id.str() + "): '" +
+                                       std::string(to_string(terminal)) + "' is not terminal"};
+  auto name = "owned job " + std::string(to_string(terminal)) + " " + id.str();
+  std::size_t bytes = body.size() + 256;
+  auto fn = [id = std::move(id), terminal, completion = std::move(completion),
+             body = std::move(body)](SQLite::Database& db) -> result<bool> {
+    auto& st = cached_statement(db,
+                                "UPDATE owned_jobs SET state = ?, completion = ?, updated_at = ? "
+                                "WHERE id = ? AND state IN ('admitted','running') RETURNING scope");
+    st.bind(1, std::string(to_string(terminal)));
+    if (completion)
+      st.bind(2, protocol::to_text(protocol::sandbox::to_json(*completion)));
+    else
+      st.bind(2);
+    st.bind(3, now_ms());
+    st.bind(4, id.str());
+    if (!st.executeStep()) return false;  // the first terminal transition already won
+    auto scope = st.getColumn(0).getString();
+    st.reset();
+    insert_receipt(db, id, transition_of(terminal), scope, body, receipt_state::pending);
+    return true;
+  };
+  co_return co_await w_.write(std::move(name), bytes, std::move(fn));
+}
+
+awaitable<result<bool>> receipt_store::ack(event_id id) {
+  auto name = "ack receipt " + id.str();
+  auto fn = [id = std::move(id)](SQLite::Database& db) {
+    return settle_receipt(db, id, receipt_state::acked);
+  };
+  co_return co_await w_.write(std::move(name), 64, std::move(fn));
+}
+
+awaitable<result<bool>> receipt_store::mark_read(event_id id) {
+  auto name = "receipt read by status " + id.str();
+  auto fn = [id = std::move(id)](SQLite::Database& db) {
+    return settle_receipt(db, id, receipt_state::read);
+  };
+  co_return co_await w_.write(std::move(name), 64, std::move(fn));
+}
+
+awaitable<result<int>> receipt_store::drop(std::vector<event_id> ids) {
+  auto name = "drop " + std::to_string(ids.size()) + " receipt(s)";
+  auto fn = [ids = std::move(ids)](SQLite::Database& db) -> result<int> {
+    int n = 0;
+    for (auto& id : ids) {
+      auto r = settle_receipt(db, id, receipt_state::dropped);
+      if (!r) return r.error();
+      n += *r ? 1 : 0;
+    }
+    return n;
+  };
+  co_return co_await w_.write(std::move(name), 64, std::move(fn));
+}
+
+awaitable<result<void>> receipt_store::bind_sandbox(protocol::sandbox_id sandbox,
+                                                    std::uint64_t generation) {
+  auto name = "bind sandbox " + sandbox.str();
+  auto fn = [sandbox = std::move(sandbox), generation](SQLite::Database& db) {
+    auto& st = cached_statement(db,
+                                "INSERT INTO sandboxes (id, generation, bound_at) VALUES (?, ?, ?) "
+                                "ON CONFLICT(id) DO UPDATE SET generation = excluded.generation, "
+                                "bound_at = excluded.bound_at");
+    st.bind(1, sandbox.str());
+    st.bind(2, static_cast<std::int64_t>(generation));
+    st.bind(3, now_ms());
+    st.exec();
+  };
+  co_return co_await w_.write(std::move(name), 64, std::move(fn));
+}
+
+}  // namespace tether::persistence

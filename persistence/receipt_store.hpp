@@ -1,0 +1,100 @@
+#pragma once
+// Owned jobs and their receipts: the durable half of the job queue (promises
+// 2-5 of DESIGN.md). Every state change is one named write operation through
+// the single writer; the terminal transition is a compare-and-set, so of
+// completion and cancellation exactly one wins and nothing overwrites it.
+//
+// Persisted state that does not parse is refused with an error naming the
+// table, the key and the field; it is never skipped or deleted.
+#include "tether/persistence/database.hpp"
+#include "tether/persistence/writer.hpp"
+#include "tether/protocol/ids.hpp"
+#include "tether/protocol/notice.hpp"
+#include "tether/protocol/scope.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tether::persistence {
+
+using protocol::event_id;
+using protocol::job_id;
+using protocol::owner_scope;
+
+enum class owned_state { admitted, running, completed, failed, cancelled, lost };
+std::string_view to_string(owned_state s);
+bool is_terminal(owned_state s);
+/// The transition a terminal state is reached by.
+protocol::transition transition_of(owned_state terminal);
+
+struct owned_job {
+  job_id id;
+  owner_scope scope;  // supplied by the runtime at admission, never by the model
+  owned_state state = owned_state::admitted;
+  std::string preview;           // the scrubbed command preview
+  std::string channel = "api";   // how it was launched: tool | cli | api
+  std::optional<protocol::shell_completion> completion;  // once terminal
+};
+
+enum class receipt_state { pending, acked, read, dropped };
+std::string_view to_string(receipt_state s);
+
+struct receipt {
+  event_id id;  // "<job>/<transition>"
+  job_id job;
+  protocol::transition transition = protocol::transition::started;
+  owner_scope scope;
+  std::string body;  // the notice the owner reads
+  receipt_state state = receipt_state::pending;
+  std::int64_t created_at = 0;
+};
+
+class receipt_store {
+ public:
+  receipt_store(writer& w, std::string path) : w_(w), readers_(std::move(path)) {}
+
+  // --- reads ---
+  result<std::optional<owned_job>> job(const job_id& id);
+  /// Jobs not yet terminal (admitted or running), oldest first.
+  result<std::vector<owned_job>> live_jobs();
+  /// Every job of one turn, oldest first.
+  result<std::vector<owned_job>> jobs_of_turn(const protocol::session_id& thread,
+                                              const protocol::turn_id& turn);
+  /// Receipts owed (pending), oldest first.
+  result<std::vector<receipt>> pending_receipts();
+  result<std::optional<receipt>> receipt_by_id(const event_id& id);
+  result<std::vector<receipt>> receipts_of(const job_id& job);
+  /// The generation this host is bound to for `sandbox`, if any.
+  result<std::optional<std::uint64_t>> bound_generation(const protocol::sandbox_id& sandbox);
+
+  // --- writes (each one request, answered after COMMIT) ---
+  /// Writes the owner before anything is dispatched; an existing id is refused.
+  awaitable<result<void>> admit(owned_job j);
+  /// admitted → running, with the `started` receipt (recorded, not delivered:
+  /// the launch already answered with the job id). False if not admitted.
+  awaitable<result<bool>> mark_running(job_id id);
+  /// The compare-and-set: admitted|running → `terminal`, with its pending
+  /// receipt, in one transaction. False (nothing written) if the job was
+  /// already terminal: the later transition is dropped.
+  awaitable<result<bool>> finish(job_id id, owned_state terminal,
+                                 std::optional<protocol::shell_completion> completion,
+                                 std::string body);
+  /// pending → acked. False if it was not pending (acknowledging twice does nothing).
+  awaitable<result<bool>> ack(event_id id);
+  /// pending → read: the owner read the result through a status call.
+  awaitable<result<bool>> mark_read(event_id id);
+  /// pending → dropped, for receipts refused on reload.
+  awaitable<result<int>> drop(std::vector<event_id> ids);
+  /// Records the sandbox generation this host is bound to.
+  awaitable<result<void>> bind_sandbox(protocol::sandbox_id sandbox, std::uint64_t generation);
+
+  writer& db_writer() { return w_; }
+
+ private:
+  writer& w_;
+  reader_pool readers_;
+};
+
+}  // namespace tether::persistence
