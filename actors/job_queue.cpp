@@ -166,6 +166,20 @@ std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> job_queue::sandbox
 
 awaitable<result<void>> job_queue::open_route() {
   if (channel_) co_return result<void>{};
+  // One opening at a time (all on this executor): later callers share its outcome.
+  if (opening_) {
+    auto o = opening_;
+    co_return co_await o->async_wait(asio::use_awaitable);
+  }
+  opening_ = runtime::one_shot<result<void>>::make();
+  auto opening = opening_;
+  auto r = co_await open_route_once();
+  opening_.reset();
+  opening->set(r);
+  co_return r;
+}
+
+awaitable<result<void>> job_queue::open_route_once() {
   if (opts_.sandbox_dir.empty())
     co_return error{errc::refused, "no sandbox is configured (job_queue_options.sandbox_dir); "
                                    "nothing was started"};

@@ -125,6 +125,7 @@ class job_queue {
   };
 
   awaitable<result<void>> open_route();
+  awaitable<result<void>> open_route_once();
   awaitable<result<job_id>> launch_on(owner_scope caller, launch_request req);
   awaitable<result<job_view>> status_on(owner_scope caller, job_id job, bool wait);
   awaitable<result<job_view>> cancel_on(owner_scope caller, job_id job, bool read);
@@ -148,6 +149,7 @@ class job_queue {
   job_queue_options opts_;
   std::shared_ptr<sandbox_lease> lease_;
   std::shared_ptr<routed_channel> channel_;
+  std::shared_ptr<runtime::one_shot<result<void>>> opening_;
   std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> sandbox_;
 
   mutable std::mutex m_;

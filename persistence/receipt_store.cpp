@@ -322,8 +322,15 @@ awaitable<result<bool>> receipt_store::ack(event_id id) {
 
 awaitable<result<bool>> receipt_store::mark_read(event_id id) {
   auto name = "receipt read by status " + id.str();
-  auto fn = [id = std::move(id)](SQLite::Database& db) {
-    return settle_receipt(db, id, receipt_state::read);
+  // From acked too: a steered receipt is acknowledged on acceptance, before
+  // the session's drain shows it; a read then keeps it from being shown.
+  auto fn = [id = std::move(id)](SQLite::Database& db) -> result<bool> {
+    auto& st = cached_statement(db,
+                                "UPDATE receipts SET state = 'read', updated_at = ? "
+                                "WHERE id = ? AND state IN ('pending','acked')");
+    st.bind(1, now_ms());
+    st.bind(2, id.str());
+    return st.exec() == 1;
   };
   co_return co_await w_.write(std::move(name), 64, std::move(fn));
 }

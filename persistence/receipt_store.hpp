@@ -83,7 +83,8 @@ class receipt_store {
                                  std::string body);
   /// pending → acked. False if it was not pending (acknowledging twice does nothing).
   awaitable<result<bool>> ack(event_id id);
-  /// pending → read: the owner read the result through a status call.
+  /// pending|acked → read: the owner read the result through a status call,
+  /// so a session drain that has not shown it yet never will.
   awaitable<result<bool>> mark_read(event_id id);
   /// pending → dropped, for receipts refused on reload.
   awaitable<result<int>> drop(std::vector<event_id> ids);

@@ -107,6 +107,7 @@ class report_fixture {
     o.agents = agents;
     o.observer = observer;
     o.resume_budget = budget;
+    o.jobs = jobs;
     o.log = [this](const std::string& w) {
       std::lock_guard lk(m);
       warnings.push_back(w);
@@ -176,6 +177,7 @@ class report_fixture {
     actors::host_options o;
     o.db_path = dir.file("tether.db");
     o.agents = agents;
+    o.jobs = jobs;
     auto h = actors::host::open(o);
     REQUIRE(h);
     auto b = runtime::sync_wait((*h)->pool().at(0), (*h)->boot());
@@ -191,6 +193,7 @@ class report_fixture {
 
   scratch_dir dir;
   int budget;
+  actors::job_queue_options jobs;  // set, then restart(), to run owned jobs
   std::shared_ptr<mixed_agents> agents = std::make_shared<mixed_agents>();
   std::shared_ptr<counting_observer> observer = std::make_shared<counting_observer>();
   std::unique_ptr<actors::host> host;

@@ -1,0 +1,202 @@
+// Owned delivery of job receipts (seed 000): receipts bound to the owning
+// turn, the delivery protocol, withholding, status reads, cancel with
+// confirmation. Every job is a real process in a real tether-sandboxd.
+#include "delivery_support.hpp"
+
+using namespace tether;
+using namespace tether::test;
+using protocol::transition;
+
+namespace {
+
+// An agent that launches `command` on its first drain and records what the
+// later drains were given.
+struct launcher {
+  std::shared_ptr<runtime::one_shot<result<job_id>>> launched =
+      runtime::one_shot<result<job_id>>::make();
+  std::mutex m;
+  std::vector<std::string> seen_kinds;  // kinds of inputs in drains after the first
+
+  void install(delivery_fixture& d, const std::string& s, launch_request req,
+               std::function<boost::asio::awaitable<void>(agent_context&, job_id)> then = {}) {
+    d.f.code(s)->fn = [this, req, then](agent_context& ctx,
+                                       drain_input in) -> boost::asio::awaitable<void> {
+      bool first = false;
+      {
+        std::lock_guard lk(m);
+        for (auto& i : in.inputs)
+          if (i.kind == "prompt" && !launched->ready()) first = true;
+        if (!first)
+          for (auto& i : in.inputs) seen_kinds.push_back(i.kind);
+      }
+      if (!first) co_return;
+      auto r = co_await ctx.launch_job(req);
+      launched->set(r);
+      if (r && then) co_await then(ctx, *r);
+      co_await ctx.say("launched");
+    };
+  }
+  job_id id(delivery_fixture& d) {
+    auto r = d.sync(launched->async_wait(boost::asio::use_awaitable));
+    REQUIRE(r);
+    return *r;
+  }
+  int seen(const std::string& kind) {
+    std::lock_guard lk(m);
+    return static_cast<int>(std::count(seen_kinds.begin(), seen_kinds.end(), kind));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a job's completion is steered into the turn that owns it, which withholds its completion until then",
+          "[delivery]") {
+  delivery_fixture d("steer");
+  launcher l;
+  l.install(d, "s", job("echo hello-from-job"));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "build it")));
+  REQUIRE(d.sync(d.host().wait_idle(s)));
+  auto j = l.id(d);
+  // One busy period: the turn stayed open until its job's notice arrived in it.
+  CHECK(d.f.observer->started_of("s") == 1);
+  CHECK(d.f.observer->settled_of("s") == 1);
+  CHECK(l.seen("notice") == 1);
+  CHECK(d.transcript_count("s", "notice", j.str()) == 1);
+  CHECK(d.transcript_count("s", "notice", "hello-from-job") == 1);
+  CHECK(d.state_of(j) == owned_state::completed);
+  CHECK(d.receipt_state_of(j, transition::started) == "acked");
+  CHECK(d.receipt_state_of(j, transition::completed) == "acked");
+  CHECK(d.receipts(j).size() == 2);
+}
+
+TEST_CASE("with report_now a turn settles at once and the receipt arrives later as a prompt",
+          "[delivery]") {
+  delivery_fixture d("report-now");
+  auto gate = d.fifo("gate");
+  launcher l;
+  l.install(d, "s", job("cat " + gate + "; echo done-later"));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().set_job_policy(s, true, "report_now")));
+  REQUIRE(d.sync(d.host().prompt(s, "build it")));
+  REQUIRE(d.sync(d.host().wait_idle(s)));  // returns while the job still blocks on the FIFO
+  auto j = l.id(d);
+  CHECK(d.state_of(j) == owned_state::running);
+  CHECK(d.f.observer->settled_of("s") == 1);
+  d.release(gate);
+  d.sync(d.host().jobs().wait_idle());
+  d.f.quiet();
+  CHECK(d.f.observer->started_of("s") == 2);  // the receipt prompted a second busy period
+  CHECK(d.transcript_count("s", "notice", "done-later") == 1);
+  CHECK(d.receipt_state_of(j, transition::completed) == "acked");
+}
+
+TEST_CASE("a failing pipeline stage makes the receipt 'failed', whatever the last stage said",
+          "[delivery]") {
+  delivery_fixture d("failed");
+  launcher l;
+  l.install(d, "s", job("false | cat"));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "test it")));
+  REQUIRE(d.sync(d.host().wait_idle(s)));
+  auto j = l.id(d);
+  CHECK(d.state_of(j) == owned_state::failed);
+  CHECK(d.receipt_state_of(j, transition::failed) == "acked");
+  CHECK(d.receipt_state_of(j, transition::completed) == "none");
+  CHECK(d.transcript_count("s", "notice", "failed") == 1);
+}
+
+TEST_CASE("a terminal result read through a status call is not notified again", "[delivery]") {
+  delivery_fixture d("status-read");
+  launcher l;
+  std::shared_ptr<runtime::one_shot<result<job_view>>> read =
+      runtime::one_shot<result<job_view>>::make();
+  l.install(d, "s", job("echo read-by-wait"),
+            [read](agent_context& ctx, job_id j) -> boost::asio::awaitable<void> {
+              auto v = co_await ctx.wait_job(j);
+              read->set(v);
+            });
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "run and wait")));
+  REQUIRE(d.sync(d.host().wait_idle(s)));
+  auto j = l.id(d);
+  auto v = d.sync(read->async_wait(boost::asio::use_awaitable));
+  REQUIRE(v);
+  CHECK(v->state == owned_state::completed);
+  CHECK(v->notice.find("read-by-wait") != std::string::npos);
+  CHECK(d.receipt_state_of(j, transition::completed) == "read");
+  CHECK(d.transcript_count("s", "notice", j.str()) == 0);
+  CHECK(l.seen("notice") == 0);
+}
+
+TEST_CASE("a background launch is refused when the turn has notifications disabled", "[delivery]") {
+  delivery_fixture d("no-notify");
+  launcher l;
+  l.install(d, "s", job("echo never"));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().set_job_policy(s, false, "withhold")));
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  REQUIRE(d.sync(d.host().wait_idle(s)));
+  auto r = d.sync(l.launched->async_wait(boost::asio::use_awaitable));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::refused);
+  CHECK(r.error().message.find("notifications disabled") != std::string::npos);
+  CHECK(r.error().message.find("nothing was started") != std::string::npos);
+  auto live = d.host().receipts().live_jobs();
+  REQUIRE(live);
+  CHECK(live->empty());
+}
+
+TEST_CASE("cancel is a confirmed kill before the cancelled receipt, and the completion after it is dropped",
+          "[delivery]") {
+  delivery_fixture d("cancel");
+  auto marker = d.work + "/after-sleep";
+  launcher l;
+  l.install(d, "s", job("sleep 30; touch " + marker));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().set_job_policy(s, true, "report_now")));
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  auto j = l.id(d);
+  REQUIRE(d.sync(d.host().wait_idle(s)));
+  auto scope = d.host().scope_of(s);
+  REQUIRE(scope);
+  auto v = d.sync(d.host().jobs().cancel(*scope, j));
+  REQUIRE(v);
+  CHECK(v->state == owned_state::cancelled);
+  REQUIRE(v->completion);
+  CHECK(v->completion->status.state == protocol::job_state::killed);
+  // Exactly one terminal receipt, and it is the cancel's.
+  auto rs = d.receipts(j);
+  REQUIRE(rs.size() == 2);
+  CHECK(rs[1].transition == transition::cancelled);
+  // A second cancel and a status read change nothing.
+  auto again = d.sync(d.host().jobs().cancel(*scope, j));
+  REQUIRE(again);
+  CHECK(again->state == owned_state::cancelled);
+  CHECK(d.receipts(j).size() == 2);
+  CHECK_FALSE(std::filesystem::exists(marker));
+}
+
+TEST_CASE("stopping a turn cancels exactly the jobs it owns", "[delivery]") {
+  delivery_fixture d("stop-turn");
+  launcher a, b;
+  a.install(d, "a", job("sleep 30"));
+  b.install(d, "b", job("sleep 30"));
+  auto sa = d.session("a");
+  auto sb = d.session("b");
+  REQUIRE(d.sync(d.host().prompt(sa, "go")));
+  REQUIRE(d.sync(d.host().prompt(sb, "go")));
+  auto ja = a.id(d);
+  auto jb = b.id(d);
+  d.host().interrupt(sa);
+  REQUIRE(d.sync(d.host().wait_idle(sa)));
+  CHECK(d.state_of(ja) == owned_state::cancelled);
+  CHECK(d.state_of(jb) == owned_state::running);
+  auto scope = d.host().scope_of(sb);
+  REQUIRE(scope);
+  auto v = d.sync(d.host().jobs().status(*scope, jb));
+  REQUIRE(v);
+  CHECK(v->state == owned_state::running);
+  REQUIRE(d.sync(d.host().jobs().cancel(*scope, jb)));
+  REQUIRE(d.sync(d.host().wait_idle(sb)));
+}
