@@ -307,6 +307,7 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
 
 awaitable<void> job_queue::watch(job_id job) {
   auto done = co_await channel_->wait(job);
+  if (opts_.trace) opts_.trace(job, "completion");
   {
     std::lock_guard lk(m_);
     if (stopped_) co_return;  // the next boot settles it
@@ -385,6 +386,7 @@ awaitable<result<bool>> job_queue::deliver(receipt r) {
   auto admitted = co_await (*s)->ask(std::move(a));
   if (!admitted) co_return admitted.error();
   TETHER_CRASH_POINT("delivery.handover.after_admit");
+  if (opts_.trace) opts_.trace(r.job, "handed_over");
   if (was_busy) {
     // Steered: accepted into the running session's queue is acknowledged.
     auto acked = co_await store_.ack(r.id);

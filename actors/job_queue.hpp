@@ -48,6 +48,10 @@ struct job_queue_options {
   std::function<awaitable<result<std::shared_ptr<command_route>>>(std::string socket)> adapter;
   int adapter_failures = 3;
   std::string cwd;  // default working directory of commands; default: the host's
+  /// Instrumentation (benches, tests): called on the queue's executor when a
+  /// job's completion arrived ("completion") and when its terminal receipt was
+  /// handed over to the owner's session ("handed_over"). Keep it short.
+  std::function<void(const job_id&, std::string_view stage)> trace;
 };
 
 struct launch_request {
