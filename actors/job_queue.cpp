@@ -268,6 +268,22 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
 
   owned_job j;
   j.id = job_id(protocol::mint("job"));
+  if (req.key) {
+    if (req.key->empty() || req.key->size() > 64 ||
+        !wire::valid_job_id("k" + *req.key) || req.key->find('/') != std::string::npos)
+      co_return error{errc::invalid, "launch: key '" + *req.key +
+                                         "' must be 1-64 of [A-Za-z0-9_.-]; nothing was started"};
+    j.id = job_id("job_" + caller.turn.str() + "_" + *req.key);
+    // A replayed launch: the turn already owns this job.
+    auto existing = store_.job(j.id);
+    if (!existing) co_return existing.error();
+    if (*existing) {
+      if (!caller.owns((*existing)->scope))
+        co_return error{errc::conflict, "launch: job id '" + j.id.str() +
+                                            "' belongs to another owner; nothing was started"};
+      co_return j.id;
+    }
+  }
   j.scope = caller;
   j.scope.sandbox = sandbox_->first;
   j.scope.generation = sandbox_->second;

@@ -60,6 +60,10 @@ struct launch_request {
   std::vector<std::pair<std::string, std::string>> env;  // empty: the host's environment
   bool background = true;
   std::string channel = "api";  // tool | cli | api
+  /// Idempotency key (a tool call id): the same turn launching the same key
+  /// again (a turn replayed after a crash) gets the same job, never a second
+  /// run. 1-64 of [A-Za-z0-9_.-].
+  std::optional<std::string> key;
 };
 
 /// What an owner may know about its job.

@@ -5,6 +5,7 @@
 #include "tether/runtime/crash_point.hpp"
 
 #include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -428,6 +429,7 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     if (interrupted_ || failed_) break;
     // Withhold the turn's completion while jobs it owns run; each change of
     // the queue's revision (or a wake) looks again.
+    bool withheld = false;
     while (!pending_ && !interrupted_ && !stopping_ && withholding()) {
       auto& q = host_.jobs();
       auto seen = q.revision();
@@ -435,10 +437,16 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
       withhold_ = runtime::one_shot<int>::make();
       auto w = withhold_;
       auto changed = q.revision_after(seen);
-      changed->async_wait([w](std::uint64_t) { w->set(0); });
+      auto release = [w](std::uint64_t) { w->set(0); };
+      changed->async_wait(asio::bind_executor(get_executor(), std::move(release)));
       co_await w->async_wait(asio::use_awaitable);
       withhold_.reset();
+      withheld = true;
     }
+    // A job leaves the live set only after its receipt's admit committed here
+    // (inbox_dirty_), but the wake that follows may still be in the mailbox:
+    // the receipt belongs to this turn, so drain it now.
+    if (withheld && !pending_ && inbox_dirty_ && !row_.revert_staged) pending_ = wake_scope::steer;
     if (interrupted_ || stopping_ || !pending_) break;
   }
   // Stopping a turn cancels exactly the jobs it owns, confirmed stopped,
