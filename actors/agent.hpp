@@ -70,8 +70,9 @@ class agent_context {
   /// Asks for one more drain before this busy period settles.
   virtual void wake_self() = 0;
   /// Cancels a child's run (the caller cancelled its job): the child settles
-  /// "cancelled" and reports that once.
-  virtual void cancel_child(const session_id& child) = 0;
+  /// "cancelled" and reports that once. A session that is not this one's
+  /// child is "not found", as one that does not exist.
+  virtual result<void> cancel_child(const session_id& child) = 0;
   /// The durable transcript of this session.
   virtual result<std::vector<message_row>> transcript() = 0;
   /// How many user messages this session had up to `seq` (1-based ordinal).

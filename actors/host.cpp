@@ -249,14 +249,14 @@ awaitable<result<void>> host::deliver(session_id parent,
     // Deleted parent: nobody is owed these reports any more.
     warn("parent " + parent.str() + " is gone; " + std::to_string(nids.size()) +
          " owed report(s) cleared");
-    co_return co_await store_->complete(std::move(nids));
+    co_return co_await store_->complete(std::move(nids), false);
   }
   if (!p) co_return p.error();
   session_msg::admit a{std::move(items), {}};
   auto admitted = co_await (*p)->ask(std::move(a));
   if (!admitted && admitted.error().code == errc::not_found) {
     warn(admitted.error().message + "; the rows were cleared");
-    co_return co_await store_->complete(std::move(nids));
+    co_return co_await store_->complete(std::move(nids), false);
   }
   if (!admitted) co_return admitted.error();
   TETHER_CRASH_POINT("report.admit.after_commit");
@@ -409,7 +409,7 @@ awaitable<result<boot_report>> host::boot() {
         warn("job " + row.id.str() + " has no parent to report to; the row was cleared");
         ++rep.cleared;
         std::vector<notification_id> one{row.nid};
-        co_await store_->complete(std::move(one));
+        co_await store_->complete(std::move(one), false);
         continue;
       }
       auto parent = *row.parent;

@@ -87,7 +87,8 @@ class scripted_agent : public agent {
       }
       case k::interrupt:
         owner_.note(id_.str() + " interrupts " + a.child);
-        ctx.cancel_child(session_id(a.child));
+        if (auto r = ctx.cancel_child(session_id(a.child)); !r)
+          owner_.note(id_.str() + " could not interrupt " + a.child + ": " + r.error().message);
         break;
     }
   }

@@ -78,7 +78,14 @@ class session::context : public agent_context {
 
   void wake_self() override { s_->ring(wake_scope::input); }
 
-  void cancel_child(const session_id& child) override { s_->host_.interrupt(child); }
+  result<void> cancel_child(const session_id& child) override {
+    auto row = s_->host_.store().session(child);
+    if (!row) return row.error();
+    if (!*row || (*row)->parent != s_->id())
+      return error{errc::not_found, "session '" + child.str() + "' not found"};
+    s_->host_.interrupt(child);
+    return {};
+  }
 
   result<std::vector<message_row>> transcript() override {
     return s_->host_.store().messages(s_->id());

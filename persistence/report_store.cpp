@@ -2,6 +2,7 @@
 
 #include "tether/protocol/json.hpp"
 #include "tether/protocol/payloads.hpp"
+#include "tether/protocol/scope.hpp"
 #include "tether/runtime/clock.hpp"
 
 #include <SQLiteCpp/Statement.h>
@@ -70,6 +71,8 @@ std::int64_t append_in_tx(SQLite::Database& db, const std::string& s, const std:
   return seq;
 }
 
+void insert_subagent_started(SQLite::Database& db, const job_row& r);
+
 void insert_job(SQLite::Database& db, const job_row& r) {
   auto& st = cached_statement(db, "INSERT INTO jobs (id, notification_id, kind, mode, parent_id, child_id, "
                        "generation, status, body, payload, created_at, updated_at) "
@@ -90,6 +93,52 @@ void insert_job(SQLite::Database& db, const job_row& r) {
   st.bind(10, job_payload_text(r));
   st.bind(11, now);
   st.bind(12, now);
+  st.exec();  insert_subagent_started(db, r);
+}
+
+// A background subagent job's receipts: `started` when its running row is
+// written, bound to the parent's tenant, thread and current turn (no sandbox),
+// and its terminal receipt when the settle makes the row terminal, with the
+// same scope. The report path delivers it; complete() acknowledges it.
+void insert_subagent_started(SQLite::Database& db, const job_row& r) {
+  if (r.kind != "subagent" || r.mode != "background" || r.status != job_status::running ||
+      !r.parent)
+    return;
+  auto& q = cached_statement(db, "SELECT tenant, coalesce(turn, '') FROM sessions WHERE id = ?");
+  q.bind(1, r.parent->str());
+  if (!q.executeStep()) return;
+  protocol::owner_scope scope;
+  scope.tenant = protocol::tenant_id(q.getColumn(0).getString());
+  scope.thread = *r.parent;
+  scope.turn = protocol::turn_id(q.getColumn(1).getString());
+  q.reset();
+  auto& st = cached_statement(db,
+                              "INSERT OR IGNORE INTO receipts (id, job_id, transition, scope, body, "
+                              "state, created_at, updated_at) VALUES (?, ?, 'started', ?, 'started', "
+                              "'acked', ?, ?)");
+  auto now = now_ms();
+  st.bind(1, protocol::make_event_id(r.id, protocol::transition::started).str());
+  st.bind(2, r.id.str());
+  st.bind(3, protocol::to_text(protocol::to_json(scope)));
+  st.bind(4, now);
+  st.bind(5, now);
+  st.exec();
+}
+
+void insert_subagent_terminal(SQLite::Database& db, const job_id& job, protocol::transition t,
+                              const std::string& body, std::string_view state) {
+  auto& st = cached_statement(db,
+                              "INSERT OR IGNORE INTO receipts (id, job_id, transition, scope, body, "
+                              "state, created_at, updated_at) SELECT ?, job_id, ?, scope, ?, ?, ?, ? "
+                              "FROM receipts WHERE id = ?");
+  auto now = now_ms();
+  st.bind(1, protocol::make_event_id(job, t).str());
+  st.bind(2, std::string(protocol::to_string(t)));
+  st.bind(3, body);
+  st.bind(4, std::string(state));
+  st.bind(5, now);
+  st.bind(6, now);
+  st.bind(7, protocol::make_event_id(job, protocol::transition::started).str());
   st.exec();
 }
 
@@ -308,11 +357,16 @@ awaitable<result<settle_result>> report_store::settle(settle_request req) {
     job_status terminal = req.outcome == protocol::report_state::completed ? job_status::completed
                           : req.outcome == protocol::report_state::error   ? job_status::error
                                                                            : job_status::cancelled;
+    auto receipt_transition = terminal == job_status::completed ? protocol::transition::completed
+                              : terminal == job_status::error   ? protocol::transition::failed
+                                                                : protocol::transition::cancelled;
     if (req.background_job) {
       if (req.drop_background) {
         auto& del = cached_statement(db, "DELETE FROM jobs WHERE id = ?");
         del.bind(1, req.background_job->str());
-        del.exec();
+        // A silenced link owes no report: its terminal receipt is not delivered.
+        if (del.exec() == 1)
+          insert_subagent_terminal(db, *req.background_job, receipt_transition, req.body, "dropped");
       } else {
         // Only a running row becomes terminal: a settle after delivery finds
         // no row and cannot write it back.
@@ -323,6 +377,8 @@ awaitable<result<settle_result>> report_store::settle(settle_request req) {
         up.bind(3, now);
         up.bind(4, req.background_job->str());
         out.row_written = up.exec() == 1;
+        if (out.row_written)
+          insert_subagent_terminal(db, *req.background_job, receipt_transition, req.body, "pending");
       }
     } else if (req.mint_none) {
       job_row r;
@@ -364,12 +420,24 @@ awaitable<result<std::vector<bool>>> report_store::admit(session_id to,
   co_return co_await st->async_wait(asio::use_awaitable);
 }
 
-awaitable<result<void>> report_store::complete(std::vector<notification_id> nids) {
+awaitable<result<void>> report_store::complete(std::vector<notification_id> nids, bool delivered) {
   auto name = "complete " + std::to_string(nids.size()) + " report(s)";
   std::size_t bytes = 32 * nids.size();
-  auto fn = [nids = std::move(nids)](SQLite::Database& db) {
+  auto fn = [nids = std::move(nids), delivered](SQLite::Database& db) {
+    // The job's terminal receipt: acknowledged with its report's admission,
+    // or dropped when nobody is owed it any more.
+    auto& rc = cached_statement(db,
+                                "UPDATE receipts SET state = ?, updated_at = ? WHERE state = 'pending' "
+                                "AND transition != 'started' AND job_id IN (SELECT id FROM jobs WHERE "
+                                "notification_id = ? AND status != 'running')");
     auto& st = cached_statement(db, "DELETE FROM jobs WHERE notification_id = ? AND status != 'running'");
+    auto now = now_ms();
     for (auto& n : nids) {
+      rc.reset();
+      rc.bind(1, delivered ? "acked" : "dropped");
+      rc.bind(2, now);
+      rc.bind(3, n.str());
+      rc.exec();
       st.reset();
       st.bind(1, n.str());
       st.exec();

@@ -160,7 +160,8 @@ class report_store : public report_reader {
   std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> admit_submit(
       session_id to, std::vector<report_item> items);
   /// The job rows complete: their reports are in the inbox, the outbox rows go.
-  awaitable<result<void>> complete(std::vector<notification_id> nids);
+  /// `delivered` false: nobody is owed them any more (their receipts are dropped).
+  awaitable<result<void>> complete(std::vector<notification_id> nids, bool delivered = true);
   /// Moves pending inbox rows into the transcript and acknowledges them, in
   /// one transaction. Returns the appended messages.
   awaitable<result<std::vector<message_row>>> take_inbox(session_id s);
