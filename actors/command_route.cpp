@@ -25,6 +25,7 @@ bool sandbox_lease::extend_to(std::int64_t until_ms) {
 }
 
 bool is_infrastructure_failure(const error& e) {
+  if (e.answered) return false;  // the daemon answered: the route works
   switch (e.code) {
     case errc::io:
     case errc::closed:
@@ -59,9 +60,12 @@ awaitable<result<T>> routed_channel::route(Call call) {
       lease_->extend_to(runtime::now_ms() + t->count());
     auto r = co_await call(*adapter_);
     if (r || !is_infrastructure_failure(r.error())) {
-      failures_ = 0;
+      if (!fell_back_) failures_ = 0;
       co_return r;
     }
+    // Calls that were in flight when another one made the channel fall back
+    // do not count again (and do not warn twice): they just move over.
+    if (fell_back_) break;
     if (++failures_ >= max_failures_) {
       fell_back_ = true;
       if (on_fallback)

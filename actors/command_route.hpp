@@ -31,6 +31,8 @@ class command_route {
   virtual awaitable<result<protocol::shell_completion>> kill(job_id job) = 0;
   /// How long one request on this route may take; the lease is extended to cover it.
   virtual std::optional<std::chrono::milliseconds> timeout() const { return std::nullopt; }
+  /// Ends the route's connections: requests in flight complete with an error.
+  virtual void close() {}
 };
 
 /// A route over one daemon connection (the platform's own, or an adapter's).
@@ -42,6 +44,7 @@ class client_route : public command_route {
   awaitable<result<wire::started_rep>> exec(wire::exec_req r) override;
   awaitable<result<protocol::shell_completion>> wait(job_id job) override;
   awaitable<result<protocol::shell_completion>> kill(job_id job) override;
+  void close() override { c_->close(); }
   sandbox_client& client() { return *c_; }
 
  private:
@@ -62,7 +65,8 @@ class sandbox_lease {
 };
 
 /// A connection-level failure (the route, not the command): counted towards
-/// the fallback. An answer from the daemon, even a refusal, is not one.
+/// the fallback. An answer from the daemon (error::answered), even a refusal
+/// or an I/O error on its side, is not one.
 bool is_infrastructure_failure(const error& e);
 
 /// The adapter route while it works, the platform route after it failed
@@ -76,6 +80,10 @@ class routed_channel : public command_route {
   awaitable<result<wire::started_rep>> exec(wire::exec_req r) override;
   awaitable<result<protocol::shell_completion>> wait(job_id job) override;
   awaitable<result<protocol::shell_completion>> kill(job_id job) override;
+  void close() override {
+    if (adapter_) adapter_->close();
+    platform_->close();
+  }
 
   bool fell_back() const { return fell_back_; }
   int failures_in_a_row() const { return failures_; }

@@ -43,8 +43,9 @@ host::~host() {
   // Frames still queued on the executors die with them; they may touch this
   // host (activity counters), so the executors go while every member lives.
   shells_.reset();
-  pool_.reset();
+  // The queue's connections before the executors they were opened on.
   jobs_.reset();
+  pool_.reset();
 }
 
 void host::warn(const std::string& w) {
@@ -73,9 +74,9 @@ void host::activity(int delta, bool shell) {
   for (auto& w : ready) w->set(0);
 }
 
-void host::wake(session& s, wake_scope scope, bool report) {
+void host::wake(session& s, wake_scope scope, bool report, bool admitted_here) {
   activity(+1);
-  if (!s.tell(session_msg::wake{scope, report, true})) activity(-1);
+  if (!s.tell(session_msg::wake{scope, report, true, admitted_here})) activity(-1);
 }
 
 awaitable<void> host::wait_quiescent(bool shells) {
@@ -521,7 +522,15 @@ void host::shutdown() {
     shut_ = true;
   }
   shutting_down_ = true;
-  if (jobs_) jobs_->shutdown();
+  // The queue first: its coroutines finish (their connections closed) while
+  // the sessions and the writer still answer them.
+  if (jobs_) {
+    try {
+      runtime::sync_wait(pool_->at(0), jobs_->close());
+    } catch (const std::exception& e) {
+      warn(std::string("shutdown: job queue: ") + e.what());
+    }
+  }
   if (shells_) shells_->stop();
   std::vector<std::shared_ptr<session>> all;
   {

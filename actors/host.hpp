@@ -123,7 +123,9 @@ class host {
   void activity(int delta, bool shell = false);
   /// Tells `s` to wake; counted as activity until handled, so quiescence
   /// cannot be observed while a wake is in a mailbox.
-  void wake(session& s, wake_scope scope, bool report);
+  /// `admitted_here`: the report went through the session's admit, so a wake
+  /// that finds it already drained is dropped instead of opening an empty period.
+  void wake(session& s, wake_scope scope, bool report, bool admitted_here = false);
   bool shutting_down() const { return shutting_down_.load(); }
   void warn(const std::string& w);
 

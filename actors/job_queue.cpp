@@ -56,9 +56,43 @@ job_queue::job_queue(runtime::executor ex, host& h, persistence::receipt_store& 
 
 job_queue::~job_queue() = default;
 
-void job_queue::shutdown() {
+bool job_queue::enter() {
   std::lock_guard lk(m_);
-  stopped_ = true;
+  if (stopped_) return false;
+  ++inflight_;
+  return true;
+}
+
+void job_queue::leave() {
+  std::shared_ptr<runtime::one_shot<int>> done;
+  {
+    std::lock_guard lk(m_);
+    if (--inflight_ == 0 && drained_) done = drained_;
+  }
+  if (done) done->set(0);
+}
+
+awaitable<void> job_queue::close() {
+  std::vector<std::shared_ptr<runtime::one_shot<int>>> waiters;
+  std::vector<std::shared_ptr<runtime::one_shot<std::uint64_t>>> revs;
+  std::shared_ptr<runtime::one_shot<int>> drained;
+  {
+    std::lock_guard lk(m_);
+    stopped_ = true;
+    for (auto& [id, l] : live_)
+      for (auto& w : l.waiters) waiters.push_back(w);
+    for (auto& [seen, w] : revision_waiters_) revs.push_back(w);
+    revision_waiters_.clear();
+    if (inflight_ > 0) drained = drained_ = runtime::one_shot<int>::make();
+  }
+  for (auto& w : waiters) w->set(0);
+  for (auto& w : revs) w->set(revision_);
+  auto task = [](job_queue* q, std::shared_ptr<runtime::one_shot<int>> drained) -> awaitable<void> {
+    if (q->channel_) q->channel_->close();
+    if (drained) co_await drained->async_wait(asio::use_awaitable);
+  };
+  auto run = task(this, drained);
+  co_await asio::co_spawn(ex_, std::move(run), asio::use_awaitable);
 }
 
 // ---- live set and revision ---------------------------------------------------------
@@ -209,9 +243,14 @@ awaitable<result<void>> job_queue::open_route_once() {
   auto platform = std::make_shared<client_route>("platform", std::move(*c));
   std::shared_ptr<command_route> adapter;
   if (opts_.adapter) {
+    // An adapter that cannot attach is a route failure, not a sandbox one:
+    // the platform route serves alone.
     auto a = co_await opts_.adapter(socket);
-    if (!a) co_return a.error();
-    adapter = std::move(*a);
+    if (a)
+      adapter = std::move(*a);
+    else
+      host_.warn("adapter route did not attach (" + a.error().message +
+                 "); commands go through the platform route on the same sandbox");
   }
   auto ch = std::make_shared<routed_channel>(platform, adapter, opts_.adapter_failures, lease_);
   ch->on_fallback = [this](const std::string& w) { host_.warn(w); };
@@ -246,6 +285,8 @@ awaitable<result<job_id>> job_queue::launch(owner_scope caller, launch_request r
 }
 
 awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_request req) {
+  if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was done"};
+  gate_guard gate{this};
   if (caller.tenant.empty() || caller.thread.empty() || caller.turn.empty())
     co_return error{errc::invalid, "launch: the caller's scope needs a tenant, a thread and a turn; "
                                    "nothing was started"};
@@ -305,11 +346,36 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
   er.job = id;
   auto started = co_await channel_->exec(std::move(er));
   if (!started) {
-    auto notice = unknown_notice(id, j.preview, "the command was not started: " + started.error().message);
-    co_await finish(id, owned_state::failed, std::nullopt, std::move(notice));
+    bool closing;
+    {
+      std::lock_guard lk(m_);
+      closing = stopped_;
+    }
+    if (closing) {
+      // The connection was closed under it: whether it started is for the
+      // next boot to find out (read-only); the job stays admitted.
+      co_return started.error();
+    }
+    if (started.error().answered) {
+      // The daemon refused it: nothing ran.
+      auto notice = unknown_notice(id, j.preview, "the command was not started: " + started.error().message);
+      co_await finish(id, owned_state::failed, std::nullopt, std::move(notice));
+    } else {
+      // No answer: it may or may not have started. Say so, never "failed".
+      auto notice = unknown_notice(id, j.preview,
+                                   "no route confirmed the exec (" + started.error().message +
+                                       "); whether the command ran is unknown");
+      co_await finish(id, owned_state::lost, std::nullopt, std::move(notice));
+    }
     co_return started.error();
   }
   TETHER_CRASH_POINT("delivery.dispatch.after_exec");
+  // Follow the job at once: the daemon answers a connection's requests in
+  // order, so the follow is registered right behind the exec and a job that
+  // ends quickly cannot outlive the daemon's grace unread. Its completion
+  // waits for the started receipt, so the receipts keep their order.
+  auto started_written = runtime::one_shot<int>::make();
+  if (enter()) asio::co_spawn(ex_, watch(id, started_written), asio::detached);
   auto run = co_await store_.mark_running(id);
   if (!run) host_.warn("job " + id.str() + ": its started receipt was not written: " + run.error().message);
   if (run && *run) {
@@ -317,12 +383,14 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
     if (auto it = live_.find(id); it != live_.end()) it->second.job.state = owned_state::running;
   }
   TETHER_CRASH_POINT("delivery.started.after_commit");
-  asio::co_spawn(ex_, watch(id), asio::detached);
+  started_written->set(0);
   co_return id;
 }
 
-awaitable<void> job_queue::watch(job_id job) {
+awaitable<void> job_queue::watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started) {
+  gate_guard gate{this};  // entered by the spawner
   auto done = co_await channel_->wait(job);
+  if (started) co_await started->async_wait(asio::use_awaitable);
   if (opts_.trace) opts_.trace(job, "completion");
   {
     std::lock_guard lk(m_);
@@ -408,10 +476,10 @@ awaitable<result<bool>> job_queue::deliver(receipt r) {
     auto acked = co_await store_.ack(r.id);
     if (!acked) co_return acked.error();
     TETHER_CRASH_POINT("delivery.ack.after_commit");
-    host_.wake(**s, wake_scope::steer, true);
+    host_.wake(**s, wake_scope::steer, true, true);
   } else {
     // Prompted: acknowledged when the session's drain takes it.
-    host_.wake(**s, wake_scope::input, true);
+    host_.wake(**s, wake_scope::input, true, true);
   }
   co_return true;
 }
@@ -429,6 +497,8 @@ awaitable<result<job_view>> job_queue::wait(owner_scope caller, job_id job) {
 }
 
 awaitable<result<job_view>> job_queue::status_on(owner_scope caller, job_id job, bool wait) {
+  if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was done"};
+  gate_guard gate{this};
   for (;;) {
     auto j = owned(caller, job);
     if (!j) co_return j.error();
@@ -452,6 +522,12 @@ awaitable<result<job_view>> job_queue::status_on(owner_scope caller, job_id job,
     // Not live and not terminal: the next boot settles it; report it as it is.
     if (!w) co_return view_of(*j);
     co_await w->async_wait(asio::use_awaitable);
+    {
+      std::lock_guard lk(m_);
+      if (stopped_)
+        co_return error{errc::stopped, "the host is shutting down; job '" + job.str() +
+                                           "' is still running and will be recovered"};
+    }
   }
 }
 
@@ -461,6 +537,8 @@ awaitable<result<job_view>> job_queue::cancel(owner_scope caller, job_id job) {
 }
 
 awaitable<result<job_view>> job_queue::cancel_on(owner_scope caller, job_id job, bool read) {
+  if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was done"};
+  gate_guard gate{this};
   auto j = owned(caller, job);
   if (!j) co_return j.error();
   if (!persistence::is_terminal(j->state)) {
@@ -534,6 +612,8 @@ awaitable<result<recovery_report>> job_queue::recover() {
 }
 
 awaitable<result<recovery_report>> job_queue::recover_on() {
+  if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was done"};
+  gate_guard gate{this};
   recovery_report rep;
   auto refuse = [](const error& e) {
     return error{e.code, "refusing to boot: " + e.message};
@@ -657,7 +737,7 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
     for (auto& j : follow) {
       if (sandbox_ && (sandbox_->first != j.scope.sandbox || sandbox_->second != j.scope.generation))
         co_return refuse(error{errc::refused, "the platform route reached another sandbox generation"});
-      asio::co_spawn(ex_, watch(j.id), asio::detached);
+      if (enter()) asio::co_spawn(ex_, watch(j.id, nullptr), asio::detached);
       ++rep.reattached;
     }
   }

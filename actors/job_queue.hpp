@@ -122,7 +122,11 @@ class job_queue {
   routed_channel* channel() { return channel_.get(); }
   sandbox_lease& lease() { return *lease_; }
 
-  void shutdown();
+  /// Refuses new work, ends the routes' connections and waits until every
+  /// coroutine of the queue has finished (a gate), so nothing of the queue is
+  /// left on an executor. Jobs stay as they are on disk and in the daemon;
+  /// the next boot recovers them. Run before the executors stop. Idempotent.
+  awaitable<void> close();
 
  private:
   struct live {
@@ -138,13 +142,21 @@ class job_queue {
   awaitable<result<job_view>> status_on(owner_scope caller, job_id job, bool wait);
   awaitable<result<job_view>> cancel_on(owner_scope caller, job_id job, bool read);
   awaitable<result<recovery_report>> recover_on();
-  awaitable<void> watch(job_id job);
+  /// Follows a job to its end; its completion is written once `started` is set.
+  awaitable<void> watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started);
   /// The terminal CAS and the delivery of its receipt.
   awaitable<void> finish(job_id job, owned_state terminal,
                          std::optional<protocol::shell_completion> c, std::string body);
   awaitable<result<bool>> deliver(persistence::receipt r);
   /// The owned job, or "not found" for a stranger.
   result<owned_job> owned(const owner_scope& caller, const job_id& job);
+  /// Counts a coroutine of the queue in flight; false once closed.
+  bool enter();
+  void leave();
+  struct gate_guard {
+    job_queue* q;
+    ~gate_guard() { q->leave(); }
+  };
   void add_live(owned_job j);
   void end_live(const job_id& job);
   void bump();
@@ -168,6 +180,8 @@ class job_queue {
       revision_waiters_;
   std::vector<std::shared_ptr<runtime::one_shot<int>>> idle_waiters_;
   bool stopped_ = false;
+  long inflight_ = 0;  // coroutines of the queue running (the gate)
+  std::shared_ptr<runtime::one_shot<int>> drained_;
 };
 
 }  // namespace tether::actors

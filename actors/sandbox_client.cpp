@@ -256,7 +256,7 @@ error from_reply(const wire::error_rep& e) {
   if (e.code == "not_found") c = errc::not_found;
   if (e.code == "refused" || e.code == "unsupported_version") c = errc::refused;
   if (e.code == "io") c = errc::io;
-  return error{c, "sandbox daemon: " + e.message};
+  return error{c, "sandbox daemon: " + e.message, true};
 }
 
 error lost(const sandbox_client::state& s) {

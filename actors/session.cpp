@@ -182,9 +182,10 @@ session::session(runtime::executor ex, host& h, session_row row, std::shared_ptr
 awaitable<void> session::handle(session_message& m) {
   using namespace session_msg;
   if (auto* w = std::get_if<wake>(&m)) {
-    if (w->report) inbox_dirty_ = true;  // e.g. a shell notice written beside the actor
+    bool stale = w->admitted_here && !inbox_dirty_;  // a drain already took it
+    if (w->report && !w->admitted_here) inbox_dirty_ = true;  // e.g. a shell notice written beside the actor
     // A report admitted while a revert is staged waits for the revert.
-    if (!(w->report && row_.revert_staged)) this->ring(w->scope);
+    if (!stale && !(w->report && row_.revert_staged)) this->ring(w->scope);
     if (w->counted) host_.activity(-1);
   } else if (auto* in = std::get_if<input>(&m)) {
     auto seq = co_await host_.store().append(id(), "user", in->kind, "completed", in->text);

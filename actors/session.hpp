@@ -52,6 +52,9 @@ struct wake {
   wake_scope scope = wake_scope::input;
   bool report = false;  // a report or notice was admitted: not woken while a revert is staged
   bool counted = false;  // host::wake counted it as activity until it is handled
+  // The report was admitted through this actor's admit (so inbox_dirty_ knows
+  // of it): if a drain already took it, the wake has nothing left to bring.
+  bool admitted_here = false;
 };
 struct input {
   std::string kind;  // prompt | steer

@@ -31,6 +31,9 @@ std::string_view to_string(errc c) noexcept;
 struct error {
   errc code = errc::failed;
   std::string message;
+  /// The peer (e.g. the sandbox daemon) answered with this error: the channel
+  /// worked, whatever the code says.
+  bool answered = false;
 
   friend bool operator==(const error&, const error&) = default;
   friend std::ostream& operator<<(std::ostream& os, const error& e) {

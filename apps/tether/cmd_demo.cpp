@@ -3,7 +3,9 @@
 #include "command.hpp"
 
 #include "tether/actors/host.hpp"
+#include "tether/actors/sandbox_client.hpp"
 #include "tether/actors/scripted_agent.hpp"
+#include "tether/persistence/receipt_store.hpp"
 #include "tether/runtime/sync_wait.hpp"
 
 #include <cstdio>
@@ -12,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -182,6 +185,116 @@ int resume_child(const fs::path& dir) {
   return 0;
 }
 
+// Runs `tether jobs-story` in a child process; returns its raw wait status.
+int run_jobs_story(const std::string& mode, const fs::path& dir, const fs::path& sandbox,
+                   const char* crash_at) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    if (crash_at) ::setenv("TETHER_CRASH_AT", crash_at, 1);
+    std::string self = self_dir() + "/tether";
+    ::execl(self.c_str(), self.c_str(), "jobs-story", mode.c_str(), dir.c_str(), "--sandbox",
+            sandbox.c_str(), nullptr);
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return status;
+}
+
+struct jobs_check {
+  int jobs = 0, terminal_receipts = 0, undelivered = 0, notices = 0, side_effects = 0;
+  std::map<std::string, int> ran;
+};
+
+// Prints each job of the story's turn with its receipts; counts what the checks need.
+jobs_check print_jobs(const fs::path& dir) {
+  jobs_check c;
+  auto db = (dir / "tether.db").string();
+  auto w = persistence::writer::open(persistence::db_options{db});
+  if (!w) {
+    std::cout << "  cannot open " << db << ": " << w.error().message << "\n";
+    return c;
+  }
+  persistence::report_store reports(**w, db);
+  persistence::receipt_store receipts(**w, db);
+  session_id owner("ses_owner");
+  auto s = reports.session(owner);
+  auto msgs = reports.messages(owner);
+  if (s && *s && (*s)->turn && msgs) {
+    auto jobs = receipts.jobs_of_turn(owner, *(*s)->turn);
+    for (auto& j : jobs ? *jobs : std::vector<persistence::owned_job>{}) {
+      ++c.jobs;
+      std::cout << "  " << j.id.str() << "  " << persistence::to_string(j.state) << "  ("
+                << j.preview << ")\n";
+      auto rs = receipts.receipts_of(j.id);
+      for (auto& r : rs ? *rs : std::vector<persistence::receipt>{}) {
+        std::cout << "    receipt " << r.id.str() << ": " << persistence::to_string(r.state) << "\n";
+        if (r.transition == protocol::transition::started) continue;
+        ++c.terminal_receipts;
+        c.undelivered += r.state == persistence::receipt_state::pending ||
+                         r.state == persistence::receipt_state::dropped;
+      }
+    }
+    std::cout << "  Turn transcript:\n";
+    for (auto& m : *msgs) {
+      c.notices += m.kind == "notice";
+      auto first = m.text.substr(0, m.text.find('\n'));
+      std::cout << "    " << m.seq << ". " << m.role << " " << m.kind << ": " << first << "\n";
+    }
+  }
+  std::ifstream side(dir / "side-effects");
+  std::string l;
+  while (std::getline(side, l))
+    if (!l.empty()) c.ran[l]++;
+  for (auto& [k, n] : c.ran) c.side_effects = std::max(c.side_effects, n);
+  (*w)->stop();
+  return c;
+}
+
+// Part 3: a turn's own background jobs in a real sandbox daemon, live and
+// across a SIGKILL between a receipt's hand-over and its acknowledgement.
+void jobs_part(const fs::path& root, int& failures) {
+  std::cout << "\nOwned jobs: one turn launches three real commands into a sandbox daemon\n"
+               "(a build that succeeds, a test run whose first stage fails, a job it cancels);\n"
+               "the turn stays open until every receipt was steered into it.\n";
+  actors::daemon_options d;
+  d.state_dir = (root / "sandbox").string();
+  d.binary = self_dir() + "/tether-sandboxd";
+  d.detach = false;
+  auto daemon = actors::ensure_daemon(d);
+  if (!daemon) {
+    expect(false, "sandbox daemon started: " + daemon.error().message, failures);
+    return;
+  }
+  fs::path live = root / "jobs-live";
+  int st = run_jobs_story("--story", live, d.state_dir, nullptr);
+  expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the jobs story ran to the end", failures);
+  auto c = print_jobs(live);
+  std::cout << "\nChecks:\n";
+  expect(c.jobs == 3 && c.terminal_receipts == 3 && c.undelivered == 0,
+         "each job has one terminal receipt, delivered or read by its owner", failures);
+  expect(c.notices == 2, "two notices were steered into the turn (the cancel was read inline)",
+         failures);
+
+  fs::path crashed = root / "jobs-crash";
+  const char* at = "delivery.handover.after_admit:1";
+  std::cout << "\nCrash and restart: the jobs story with TETHER_CRASH_AT=" << at << "\n";
+  st = run_jobs_story("--story", crashed, d.state_dir, at);
+  expect(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL,
+         "the host died by SIGKILL after handing a receipt over, before acknowledging it",
+         failures);
+  st = run_jobs_story("--resume", crashed, d.state_dir, nullptr);
+  expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the restarted host reattached and finished",
+         failures);
+  auto after = print_jobs(crashed);
+  std::cout << "\nChecks after the restart:\n";
+  expect(after.jobs == 3 && after.terminal_receipts == 3 && after.undelivered == 0,
+         "each job still has exactly one terminal receipt, none left pending", failures);
+  expect(after.side_effects == 1, "no command ran twice (side-effect file)", failures);
+  if (auto r = actors::stop_daemon(*daemon); !r)
+    std::cout << "  stopping the sandbox daemon: " << r.error().message << "\n";
+}
+
 int demo(const args& a) {
   if (a.size() == 2 && a[0] == "--story") return story_child(a[1]);
   if (a.size() == 2 && a[0] == "--resume") return resume_child(a[1]);
@@ -275,13 +388,15 @@ int demo(const args& a) {
            failures);
     (*h)->shutdown();
   }
+  jobs_part(root, failures);
   std::error_code ec;
   fs::remove_all(root, ec);
   if (failures) {
     std::cout << "\ntether demo: " << failures << " check(s) failed\n";
     return 1;
   }
-  std::cout << "\nOK: every busy period reported once, before and after a SIGKILL.\n";
+  std::cout << "\nOK: every busy period reported once and every job receipt delivered once, before "
+               "and after a SIGKILL.\n";
   return 0;
 }
 
