@@ -48,6 +48,15 @@ class session::context : public agent_context {
   }
 
   awaitable<result<std::string>> start_shell(std::string command) override {
+    // With a sandbox, a shell is an owned job of this turn: one queue owns
+    // every background command. Local shells serve hosts without one.
+    if (!s_->host_.options().jobs.sandbox_dir.empty()) {
+      launch_request req;
+      req.command = std::move(command);
+      auto id = co_await launch_job(std::move(req));
+      if (!id) co_return id.error();
+      co_return id->str();
+    }
     co_return co_await s_->host_.start_shell(s_->id(), std::move(command));
   }
 

@@ -200,3 +200,29 @@ TEST_CASE("stopping a turn cancels exactly the jobs it owns", "[delivery]") {
   REQUIRE(d.sync(d.host().jobs().cancel(*scope, jb)));
   REQUIRE(d.sync(d.host().wait_idle(sb)));
 }
+
+TEST_CASE("with a sandbox configured, a shell the agent starts is a job owned by its turn",
+          "[delivery]") {
+  delivery_fixture d("shell-is-job");
+  auto started = runtime::one_shot<result<std::string>>::make();
+  d.f.code("s")->fn = [started](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
+    if (started->ready()) co_return;
+    auto r = co_await ctx.start_shell("echo via-start-shell");
+    started->set(r);
+  };
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  REQUIRE(d.sync(d.host().wait_idle(s)));
+  auto r = d.sync(started->async_wait(boost::asio::use_awaitable));
+  REQUIRE(r);
+  job_id j(*r);
+  CHECK(d.state_of(j) == owned_state::completed);
+  CHECK(d.receipt_state_of(j, transition::completed) == "acked");
+  CHECK(d.transcript_count("s", "notice", "via-start-shell") == 1);
+  CHECK(d.host().running_shells() == 0);  // no local shell was started
+  auto job = d.host().receipts().job(j);
+  REQUIRE(job);
+  REQUIRE(*job);
+  CHECK((*job)->channel == "tool");
+  CHECK((*job)->scope.thread == s);
+}
