@@ -184,13 +184,27 @@ result<bool> settle_receipt(SQLite::Database& db, const event_id& id, receipt_st
 
 }  // namespace
 
-result<std::optional<owned_job>> receipt_store::job(const job_id& id) {
+result<std::optional<owned_job>> receipt_reader::job(const job_id& id) {
   return first_of(read_all<owned_job>(
       readers_, std::string("SELECT ") + k_job_cols + " FROM owned_jobs WHERE id = ?",
       "reading owned job " + id.str(), {id.str()}, decode_job));
 }
 
-result<std::vector<owned_job>> receipt_store::live_jobs() {
+result<std::vector<owned_job>> receipt_reader::all_jobs() {
+  return read_all<owned_job>(readers_,
+                             std::string("SELECT ") + k_job_cols +
+                                 " FROM owned_jobs ORDER BY created_at, id",
+                             "reading owned jobs", {}, decode_job);
+}
+
+result<std::vector<receipt>> receipt_reader::all_receipts() {
+  return read_all<receipt>(readers_,
+                           std::string("SELECT ") + k_receipt_cols +
+                               " FROM receipts ORDER BY created_at, id",
+                           "reading receipts", {}, decode_receipt);
+}
+
+result<std::vector<owned_job>> receipt_reader::live_jobs() {
   return read_all<owned_job>(readers_,
                              std::string("SELECT ") + k_job_cols +
                                  " FROM owned_jobs WHERE state IN ('admitted','running') "
@@ -198,7 +212,7 @@ result<std::vector<owned_job>> receipt_store::live_jobs() {
                              "reading live owned jobs", {}, decode_job);
 }
 
-result<std::vector<owned_job>> receipt_store::jobs_of_turn(const protocol::session_id& thread,
+result<std::vector<owned_job>> receipt_reader::jobs_of_turn(const protocol::session_id& thread,
                                                            const protocol::turn_id& turn) {
   return read_all<owned_job>(readers_,
                              std::string("SELECT ") + k_job_cols +
@@ -208,27 +222,27 @@ result<std::vector<owned_job>> receipt_store::jobs_of_turn(const protocol::sessi
                              decode_job);
 }
 
-result<std::vector<receipt>> receipt_store::pending_receipts() {
+result<std::vector<receipt>> receipt_reader::pending_receipts() {
   return read_all<receipt>(readers_,
                            std::string("SELECT ") + k_receipt_cols +
                                " FROM receipts WHERE state = 'pending' ORDER BY created_at, id",
                            "reading pending receipts", {}, decode_receipt);
 }
 
-result<std::optional<receipt>> receipt_store::receipt_by_id(const event_id& id) {
+result<std::optional<receipt>> receipt_reader::receipt_by_id(const event_id& id) {
   return first_of(read_all<receipt>(
       readers_, std::string("SELECT ") + k_receipt_cols + " FROM receipts WHERE id = ?",
       "reading receipt " + id.str(), {id.str()}, decode_receipt));
 }
 
-result<std::vector<receipt>> receipt_store::receipts_of(const job_id& job) {
+result<std::vector<receipt>> receipt_reader::receipts_of(const job_id& job) {
   return read_all<receipt>(
       readers_,
       std::string("SELECT ") + k_receipt_cols + " FROM receipts WHERE job_id = ? ORDER BY created_at, id",
       "reading receipts of " + job.str(), {job.str()}, decode_receipt);
 }
 
-result<std::optional<std::uint64_t>> receipt_store::bound_generation(
+result<std::optional<std::uint64_t>> receipt_reader::bound_generation(
     const protocol::sandbox_id& sandbox) {
   auto decode = [](SQLite::Statement& q) -> result<std::uint64_t> {
     auto g = q.getColumn(0).getInt64();

@@ -51,11 +51,16 @@ struct receipt {
   std::int64_t created_at = 0;
 };
 
-class receipt_store {
+/// The reads, through read-only connections; on its own it serves tools like
+/// `tether inspect` and never writes.
+class receipt_reader {
  public:
-  receipt_store(writer& w, std::string path) : w_(w), readers_(std::move(path)) {}
+  explicit receipt_reader(std::string path) : readers_(std::move(path)) {}
 
-  // --- reads ---
+  /// Every owned job, oldest first.
+  result<std::vector<owned_job>> all_jobs();
+  /// Every receipt, oldest first.
+  result<std::vector<receipt>> all_receipts();
   result<std::optional<owned_job>> job(const job_id& id);
   /// Jobs not yet terminal (admitted or running), oldest first.
   result<std::vector<owned_job>> live_jobs();
@@ -68,6 +73,14 @@ class receipt_store {
   result<std::vector<receipt>> receipts_of(const job_id& job);
   /// The generation this host is bound to for `sandbox`, if any.
   result<std::optional<std::uint64_t>> bound_generation(const protocol::sandbox_id& sandbox);
+
+ protected:
+  reader_pool readers_;
+};
+
+class receipt_store : public receipt_reader {
+ public:
+  receipt_store(writer& w, std::string path) : receipt_reader(std::move(path)), w_(w) {}
 
   // --- writes (each one request, answered after COMMIT) ---
   /// Writes the owner before anything is dispatched; an existing id is refused.
@@ -95,7 +108,6 @@ class receipt_store {
 
  private:
   writer& w_;
-  reader_pool readers_;
 };
 
 }  // namespace tether::persistence

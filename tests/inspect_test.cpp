@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "catch_result.hpp"
+#include "sandbox_support.hpp"
 #include "support.hpp"
 #include "tether/persistence/report_store.hpp"
 #include "tether/protocol/report.hpp"
@@ -216,4 +217,36 @@ TEST_CASE("inspect refuses a file that is not a tether database, leaving it unto
   CHECK(r.exit_code == 1);
   CHECK(r.output.find("no such file; nothing was created") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(missing));
+}
+
+TEST_CASE("inspect shows owned jobs with their owner scope and every receipt", "[inspect][delivery]") {
+  test::sandbox_daemon daemon("inspect-owned-sbx");
+  test::scratch_dir dir("inspect-owned");
+  auto story = (dir.path() / "story").string();
+  int st = test::run_process(
+      {k_tether, "jobs-story", "--story", story, "--sandbox", daemon.options().state_dir});
+  REQUIRE(WIFEXITED(st));
+  REQUIRE(WEXITSTATUS(st) == 0);
+  auto db = story + "/tether.db";
+  auto before = bytes_of(db);
+  auto out = test::run_captured({k_tether, "inspect", db, "--json"});
+  REQUIRE(out.exit_code == 0);
+  auto v = json::parse(out.output);
+  auto& owned = v.at("owned_jobs").as_array();
+  REQUIRE(owned.size() == 3);
+  for (auto& j : owned) {
+    CHECK(j.at("scope").at("thread").as_string() == "ses_owner");
+    CHECK(j.at("scope").at("generation").as_int64() >= 1);
+    CHECK(j.at("channel").as_string() == "tool");
+  }
+  auto& receipts = v.at("receipts").as_array();
+  CHECK(receipts.size() == 6);  // started and one terminal receipt per job
+  int pending = 0;
+  for (auto& r : receipts) pending += r.at("state").as_string() == "pending";
+  CHECK(pending == 0);
+  auto text = test::run_captured({k_tether, "inspect", db});
+  REQUIRE(text.exit_code == 0);
+  CHECK(text.output.find("owned jobs (3)") != std::string::npos);
+  CHECK(text.output.find("receipts (6, 0 pending)") != std::string::npos);
+  CHECK(bytes_of(db) == before);  // read-only
 }

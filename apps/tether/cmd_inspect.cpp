@@ -1,11 +1,13 @@
 // `tether inspect DB [--json]`: what a tether database holds, read through a
-// read-only connection: sessions, owed reports (terminal job rows), job rows
-// and every session's inbox. Never creates, migrates or writes the file.
+// read-only connection: sessions, owed reports (terminal job rows), job rows,
+// every session's inbox, owned jobs and their receipts. Never creates,
+// migrates or writes the file.
 #include <algorithm>
 #include <iostream>
 #include <sstream>
 
 #include "command.hpp"
+#include "tether/persistence/receipt_store.hpp"
 #include "tether/persistence/report_store.hpp"
 #include "tether/protocol/json.hpp"
 
@@ -24,13 +26,15 @@ struct snapshot {
   std::vector<session_row> sessions;
   std::vector<job_row> jobs;
   std::vector<std::pair<std::string, std::vector<inbox_row>>> inboxes;  // by session
+  std::vector<persistence::owned_job> owned;
+  std::vector<persistence::receipt> receipts;
 };
 
 result<snapshot> read_snapshot(const std::string& path) {
   auto version = persistence::check_readable(path);
   if (!version) return version.error();
   persistence::report_reader reader(path);
-  snapshot s{path, *version, {}, {}, {}};
+  snapshot s{path, *version, {}, {}, {}, {}, {}};
   auto sessions = reader.sessions();
   if (!sessions) return sessions.error();
   s.sessions = std::move(*sessions);
@@ -42,6 +46,13 @@ result<snapshot> read_snapshot(const std::string& path) {
     if (!inbox) return inbox.error();
     s.inboxes.emplace_back(row.id.str(), std::move(*inbox));
   }
+  persistence::receipt_reader receipts(path);
+  auto owned = receipts.all_jobs();
+  if (!owned) return owned.error();
+  s.owned = std::move(*owned);
+  auto rs = receipts.all_receipts();
+  if (!rs) return rs.error();
+  s.receipts = std::move(*rs);
   return s;
 }
 
@@ -105,6 +116,26 @@ json::object to_json(const snapshot& s) {
     }
     inbox[id] = std::move(a);
   }
+  json::array owned, receipts;
+  for (auto& j : s.owned) {
+    json::object o;
+    o["id"] = j.id.str();
+    o["scope"] = protocol::to_json(j.scope);
+    o["state"] = persistence::to_string(j.state);
+    o["command"] = j.preview;
+    o["channel"] = j.channel;
+    owned.push_back(std::move(o));
+  }
+  for (auto& r : s.receipts) {
+    json::object o;
+    o["id"] = r.id.str();
+    o["job"] = r.job.str();
+    o["transition"] = protocol::to_string(r.transition);
+    o["state"] = persistence::to_string(r.state);
+    o["scope"] = protocol::to_json(r.scope);
+    o["body"] = r.body;
+    receipts.push_back(std::move(o));
+  }
   json::object out;
   out["database"] = s.path;
   out["schema_version"] = s.schema_version;
@@ -112,6 +143,8 @@ json::object to_json(const snapshot& s) {
   out["owed_reports"] = std::move(owed_reports);
   out["jobs"] = std::move(jobs);
   out["inbox"] = std::move(inbox);
+  out["owned_jobs"] = std::move(owned);
+  out["receipts"] = std::move(receipts);
   return out;
 }
 
@@ -178,6 +211,26 @@ void print_text(std::ostream& out, const snapshot& s) {
   }
 }
 
+void print_owned(std::ostream& out, const snapshot& s) {
+  out << "\nowned jobs (" << s.owned.size() << ")\n";
+  std::vector<std::vector<std::string>> rows{
+      {"id", "state", "tenant", "thread", "turn", "sandbox", "generation", "channel", "command"}};
+  for (auto& j : s.owned)
+    rows.push_back({j.id.str(), std::string(persistence::to_string(j.state)), j.scope.tenant.str(),
+                    j.scope.thread.str(), j.scope.turn.str(), j.scope.sandbox.str(),
+                    std::to_string(j.scope.generation), j.channel, j.preview});
+  if (!s.owned.empty()) table(out, rows);
+  auto pending = std::count_if(s.receipts.begin(), s.receipts.end(), [](auto& r) {
+    return r.state == persistence::receipt_state::pending;
+  });
+  out << "\nreceipts (" << s.receipts.size() << ", " << pending << " pending)\n";
+  rows = {{"id", "state", "thread", "turn", "generation"}};
+  for (auto& r : s.receipts)
+    rows.push_back({r.id.str(), std::string(persistence::to_string(r.state)), r.scope.thread.str(),
+                    r.scope.turn.str(), std::to_string(r.scope.generation)});
+  if (!s.receipts.empty()) table(out, rows);
+}
+
 int inspect(const args& a) {
   std::string path;
   bool as_json = false;
@@ -202,13 +255,17 @@ int inspect(const args& a) {
   }
   if (as_json)
     std::cout << protocol::to_text(to_json(*s)) << "\n";
-  else
+  else {
     print_text(std::cout, *s);
+    print_owned(std::cout, *s);
+  }
   return 0;
 }
 
 registrar inspect_cmd{
-    {"inspect", "DB [--json]: sessions, owed reports, job rows and inboxes (read-only)", inspect}};
+    {"inspect",
+     "DB [--json]: sessions, owed reports, job rows, inboxes, owned jobs and receipts (read-only)",
+     inspect}};
 
 }  // namespace
 }  // namespace tether::cli
