@@ -4,6 +4,7 @@
 #include "tether/protocol/scrub.hpp"
 #include "tether/runtime/crash_point.hpp"
 
+#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -45,6 +46,16 @@ std::string unknown_notice(const job_id& job, const std::string& preview, const 
 }
 
 }  // namespace
+
+// Runs `task` on the queue's executor to its end: the caller's cancellation
+// (an interrupted drain) must not cut a launch or a cancel in half, so the
+// spawned work gets no cancellation slot; only the caller's own waiting is
+// cancellable, where it is awaited (see wait()).
+template <class T>
+awaitable<T> job_queue::on_queue(awaitable<T> task) {
+  auto token = asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable);
+  co_return co_await asio::co_spawn(ex_, std::move(task), std::move(token));
+}
 
 job_queue::job_queue(runtime::executor ex, host& h, persistence::receipt_store& store,
                      job_queue_options opts)
@@ -92,7 +103,7 @@ awaitable<void> job_queue::close() {
     if (drained) co_await drained->async_wait(asio::use_awaitable);
   };
   auto run = task(this, drained);
-  co_await asio::co_spawn(ex_, std::move(run), asio::use_awaitable);
+  co_await on_queue(std::move(run));
 }
 
 // ---- live set and revision ---------------------------------------------------------
@@ -198,6 +209,15 @@ std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> job_queue::sandbox
 
 // ---- routes ------------------------------------------------------------------------------
 
+bool job_queue::closing() {
+  std::lock_guard lk(m_);
+  return stopped_;
+}
+
+error job_queue::stopping_error() {
+  return error{errc::stopped, "the host is shutting down; no route was opened and nothing was started"};
+}
+
 awaitable<result<void>> job_queue::open_route() {
   if (channel_) co_return result<void>{};
   // One opening at a time (all on this executor): later callers share its outcome.
@@ -215,19 +235,24 @@ awaitable<result<void>> job_queue::open_route() {
 
 awaitable<result<void>> job_queue::open_route_once() {
   if (opts_.sandbox_dir.empty())
-    co_return error{errc::refused, "no sandbox is configured (job_queue_options.sandbox_dir); "
-                                   "nothing was started"};
+    co_return error{errc::refused, "no sandbox is configured (job_queue_options.sandbox_dir)"};
   std::string socket = socket_path_for(opts_.sandbox_dir);
   if (opts_.start_daemon) {
+    // ensure_daemon blocks (it may start one and read its readiness line):
+    // never on an executor.
     daemon_options d;
     d.state_dir = opts_.sandbox_dir;
     d.binary = opts_.daemon_binary;
-    auto h = ensure_daemon(d);
+    auto ready = runtime::one_shot<result<daemon_handle>>::make();
+    std::thread([d, ready] { ready->set(ensure_daemon(d)); }).detach();
+    auto h = co_await ready->async_wait(asio::use_awaitable);
     if (!h) co_return h.error();
     socket = h->socket_path;
   }
+  if (closing()) co_return stopping_error();
   auto c = co_await sandbox_client::connect(socket, wire::conn_mode::read_write, "tether host");
   if (!c) co_return c.error();
+  if (closing()) co_return stopping_error();  // the client closes as it goes
   auto hello = (*c)->hello();
   {
     // The platform route must reach the generation recovery proved, if any.
@@ -240,6 +265,7 @@ awaitable<result<void>> job_queue::open_route_once() {
   }
   auto b = co_await store_.bind_sandbox(hello.sandbox, hello.generation);
   if (!b) co_return b.error();
+  if (closing()) co_return stopping_error();
   auto platform = std::make_shared<client_route>("platform", std::move(*c));
   std::shared_ptr<command_route> adapter;
   if (opts_.adapter) {
@@ -251,6 +277,10 @@ awaitable<result<void>> job_queue::open_route_once() {
     else
       host_.warn("adapter route did not attach (" + a.error().message +
                  "); commands go through the platform route on the same sandbox");
+    if (closing()) {
+      if (adapter) adapter->close();
+      co_return stopping_error();
+    }
   }
   auto ch = std::make_shared<routed_channel>(platform, adapter, opts_.adapter_failures, lease_);
   ch->on_fallback = [this](const std::string& w) { host_.warn(w); };
@@ -281,7 +311,7 @@ job_view job_queue::view_of(const owned_job& j) {
 
 awaitable<result<job_id>> job_queue::launch(owner_scope caller, launch_request req) {
   auto task = launch_on(std::move(caller), std::move(req));
-  co_return co_await asio::co_spawn(ex_, std::move(task), asio::use_awaitable);
+  co_return co_await on_queue(std::move(task));
 }
 
 awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_request req) {
@@ -306,6 +336,8 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
   }
   auto opened = co_await open_route();
   if (!opened) co_return opened.error();
+  if (closing()) co_return stopping_error();
+  auto channel = channel_;  // kept alive by this frame, whatever happens to channel_
 
   owned_job j;
   j.id = job_id(protocol::mint("job"));
@@ -344,7 +376,7 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
   er.cwd = !req.cwd.empty() ? req.cwd : !opts_.cwd.empty() ? opts_.cwd : std::filesystem::current_path().string();
   er.env = std::move(env);
   er.job = id;
-  auto started = co_await channel_->exec(std::move(er));
+  auto started = co_await channel->exec(std::move(er));
   if (!started) {
     bool closing;
     {
@@ -358,13 +390,14 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
     }
     if (started.error().answered) {
       // The daemon refused it: nothing ran.
-      auto notice = unknown_notice(id, j.preview, "the command was not started: " + started.error().message);
+      auto why = "the command was not started: " + started.error().message;
+      auto notice = unknown_notice(id, j.preview, why);
       co_await finish(id, owned_state::failed, std::nullopt, std::move(notice));
     } else {
       // No answer: it may or may not have started. Say so, never "failed".
-      auto notice = unknown_notice(id, j.preview,
-                                   "no route confirmed the exec (" + started.error().message +
-                                       "); whether the command ran is unknown");
+      auto why = "no route confirmed the exec (" + started.error().message +
+                 "); whether the command ran is unknown";
+      auto notice = unknown_notice(id, j.preview, why);
       co_await finish(id, owned_state::lost, std::nullopt, std::move(notice));
     }
     co_return started.error();
@@ -389,7 +422,17 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
 
 awaitable<void> job_queue::watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started) {
   gate_guard gate{this};  // entered by the spawner
-  auto done = co_await channel_->wait(job);
+  auto channel = channel_;
+  auto done = co_await channel->wait(job);
+  // A failed connection is not a failed job: reconnect (same sandbox and
+  // generation, checked by open_route) and follow it again, a few times.
+  for (int attempt = 0; attempt < 3 && !done && !done.error().answered && !closing(); ++attempt) {
+    if (channel_ == channel) channel_.reset();
+    auto reopened = co_await open_route();
+    if (!reopened) break;
+    channel = channel_;
+    done = co_await channel->wait(job);
+  }
   if (started) co_await started->async_wait(asio::use_awaitable);
   if (opts_.trace) opts_.trace(job, "completion");
   {
@@ -420,21 +463,23 @@ awaitable<void> job_queue::watch(job_id job, std::shared_ptr<runtime::one_shot<i
 }
 
 awaitable<void> job_queue::finish(job_id job, owned_state terminal,
-                                  std::optional<protocol::shell_completion> c, std::string body) {
+                                  std::optional<protocol::shell_completion> c, std::string body,
+                                  bool wake_after) {
   auto won = co_await store_.finish(job, terminal, std::move(c), body);
   if (!won) {
     host_.warn("job " + job.str() + ": its " + std::string(persistence::to_string(terminal)) +
                " receipt was not written: " + won.error().message + "; it stays live");
     co_return;
   }
-  if (*won) {
-    TETHER_CRASH_POINT("delivery.terminal.after_commit");
-    auto r = store_.receipt_by_id(protocol::make_event_id(job, persistence::transition_of(terminal)));
-    if (r && *r) {
-      auto delivered = co_await deliver(std::move(**r));
-      if (!delivered)
-        host_.warn("job " + job.str() + ": receipt kept pending: " + delivered.error().message);
-    }
+  // The first terminal transition won already: it ends the job's live entry
+  // once its own receipt was handed over, not this one.
+  if (!*won) co_return;
+  TETHER_CRASH_POINT("delivery.terminal.after_commit");
+  auto r = store_.receipt_by_id(protocol::make_event_id(job, persistence::transition_of(terminal)));
+  if (r && *r) {
+    auto delivered = co_await deliver(std::move(**r), wake_after);
+    if (!delivered)
+      host_.warn("job " + job.str() + ": receipt kept pending: " + delivered.error().message);
   }
   // Handed over (or kept pending for the next boot): the turn may complete.
   end_live(job);
@@ -442,7 +487,7 @@ awaitable<void> job_queue::finish(job_id job, owned_state terminal,
 
 // ---- delivery ----------------------------------------------------------------------------
 
-awaitable<result<bool>> job_queue::deliver(receipt r) {
+awaitable<result<bool>> job_queue::deliver(receipt r, bool wake_after) {
   busy(+1);
   struct done_guard {
     job_queue* q;
@@ -466,10 +511,13 @@ awaitable<result<bool>> job_queue::deliver(receipt r) {
   bool was_busy = host_.is_busy(r.scope.thread);
   std::vector<persistence::report_item> items;
   items.push_back({notification_id(r.id.str()), std::nullopt, r.body});
-  session_msg::admit a{std::move(items), {}};
+  session_msg::admit a{std::move(items), {}, true};
   auto admitted = co_await (*s)->ask(std::move(a));
   if (!admitted) co_return admitted.error();
   TETHER_CRASH_POINT("delivery.handover.after_admit");
+  // During recovery nobody is woken: boot resumes (or wakes) each session
+  // with a pending inbox in its own phases, so none starts early.
+  if (!wake_after) co_return true;
   if (opts_.trace) opts_.trace(r.job, "handed_over");
   if (was_busy) {
     // Steered: accepted into the running session's queue is acknowledged.
@@ -487,57 +535,61 @@ awaitable<result<bool>> job_queue::deliver(receipt r) {
 // ---- status, wait, cancel ------------------------------------------------------------------
 
 awaitable<result<job_view>> job_queue::status(owner_scope caller, job_id job) {
-  auto task = status_on(std::move(caller), std::move(job), false);
-  co_return co_await asio::co_spawn(ex_, std::move(task), asio::use_awaitable);
+  auto task = status_on(std::move(caller), std::move(job));
+  co_return co_await on_queue(std::move(task));
 }
 
 awaitable<result<job_view>> job_queue::wait(owner_scope caller, job_id job) {
-  auto task = status_on(std::move(caller), std::move(job), true);
-  co_return co_await asio::co_spawn(ex_, std::move(task), asio::use_awaitable);
-}
-
-awaitable<result<job_view>> job_queue::status_on(owner_scope caller, job_id job, bool wait) {
-  if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was done"};
-  gate_guard gate{this};
   for (;;) {
-    auto j = owned(caller, job);
-    if (!j) co_return j.error();
-    if (persistence::is_terminal(j->state)) {
-      // Read: it is not delivered again.
-      auto rid = protocol::make_event_id(j->id, persistence::transition_of(j->state));
-      auto read = co_await store_.mark_read(rid);
-      if (!read) co_return read.error();
-      co_return view_of(*j);
-    }
-    if (!wait) co_return view_of(*j);
-    std::shared_ptr<runtime::one_shot<int>> w;
-    {
-      std::lock_guard lk(m_);
-      auto it = live_.find(job);
-      if (it != live_.end()) {
-        w = runtime::one_shot<int>::make();
-        it->second.waiters.push_back(w);
-      }
-    }
-    // Not live and not terminal: the next boot settles it; report it as it is.
-    if (!w) co_return view_of(*j);
-    co_await w->async_wait(asio::use_awaitable);
+    auto task = status_on(caller, job);
+    auto v = co_await on_queue(std::move(task));
+    if (!v || persistence::is_terminal(v->state)) co_return v;
+    // Only this waiting is cancellable (an interrupted drain stops waiting;
+    // the job runs on and its turn's stop cancels it).
+    auto w = runtime::one_shot<int>::make([] { return -1; });
+    bool live = false;
     {
       std::lock_guard lk(m_);
       if (stopped_)
         co_return error{errc::stopped, "the host is shutting down; job '" + job.str() +
-                                           "' is still running and will be recovered"};
+                                           "' was left as it is for the next boot to recover"};
+      if (auto it = live_.find(job); it != live_.end()) {
+        it->second.waiters.push_back(w);
+        live = true;
+      }
     }
+    if (!live) {
+      // It ended between the look and now, or the next boot settles it.
+      auto again = status_on(caller, job);
+      co_return co_await on_queue(std::move(again));
+    }
+    if (co_await w->async_wait(asio::use_awaitable) < 0)
+      co_return error{errc::cancelled,
+                      "the wait for job '" + job.str() + "' was cancelled; the job runs on"};
   }
+}
+
+awaitable<result<job_view>> job_queue::status_on(owner_scope caller, job_id job) {
+  if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was read"};
+  gate_guard gate{this};
+  auto j = owned(caller, job);
+  if (!j) co_return j.error();
+  if (persistence::is_terminal(j->state)) {
+    // Read: it is not delivered again.
+    auto rid = protocol::make_event_id(j->id, persistence::transition_of(j->state));
+    auto read = co_await store_.mark_read(rid);
+    if (!read) co_return read.error();
+  }
+  co_return view_of(*j);
 }
 
 awaitable<result<job_view>> job_queue::cancel(owner_scope caller, job_id job) {
   auto task = cancel_on(std::move(caller), std::move(job), true);
-  co_return co_await asio::co_spawn(ex_, std::move(task), asio::use_awaitable);
+  co_return co_await on_queue(std::move(task));
 }
 
 awaitable<result<job_view>> job_queue::cancel_on(owner_scope caller, job_id job, bool read) {
-  if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was done"};
+  if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was cancelled"};
   gate_guard gate{this};
   auto j = owned(caller, job);
   if (!j) co_return j.error();
@@ -545,34 +597,54 @@ awaitable<result<job_view>> job_queue::cancel_on(owner_scope caller, job_id job,
     {
       std::lock_guard lk(m_);
       auto it = live_.find(job);
-      if (it == live_.end() || it->second.cancel_requested)
-        co_return error{errc::conflict, "job '" + job.str() + "' is being settled; try again"};
+      if (it == live_.end())
+        co_return error{errc::conflict, "job '" + job.str() +
+                                            "' is not followed by this host (the next boot "
+                                            "recovers it); it was not cancelled"};
+      if (it->second.cancel_requested)
+        co_return error{errc::conflict, "job '" + job.str() + "' is being cancelled already"};
       it->second.cancel_requested = true;
     }
-    auto opened = co_await open_route();
-    if (!opened) co_return opened.error();
-    auto killed = co_await channel_->kill(job);
+    // On every way out: the cancel is over, and a completion held back
+    // meanwhile is handed back.
     std::optional<protocol::shell_completion> held;
-    {
+    auto release = [this, &job, &held] {
       std::lock_guard lk(m_);
       if (auto it = live_.find(job); it != live_.end()) {
         it->second.cancel_requested = false;
         held = std::move(it->second.held);
       }
+    };
+    auto opened = co_await open_route();
+    if (!opened) {
+      release();
+      if (held) co_await finish(job, terminal_of(*held), *held, protocol::render_notice(*held));
+      co_return opened.error();
     }
-    if (!killed) {
+    auto channel = channel_;
+    auto killed = co_await channel->kill(job);
+    release();
+    if (!killed && killed.error().answered && killed.error().code == errc::not_found && !held) {
+      // The daemon does not know the job: nothing of it runs there, and how
+      // (or whether) it ran is unknown.
+      auto why = "the sandbox does not know it (" + killed.error().message +
+                 "); whether it ran is unknown";
+      auto notice = unknown_notice(job, j->preview, why);
+      co_await finish(job, owned_state::lost, std::nullopt, std::move(notice));
+    } else if (!killed) {
       // Not confirmed stopped: no cancelled receipt. A completion that came
       // meanwhile is written as what it is.
       if (held) co_await finish(job, terminal_of(*held), *held, protocol::render_notice(*held));
       co_return error{killed.error().code,
                       "job '" + job.str() + "' was not confirmed stopped (" +
                           killed.error().message + "); no cancelled receipt was written"};
+    } else {
+      TETHER_CRASH_POINT("delivery.cancel.after_kill");
+      // The daemon's answer says how it ended: stopped by us, or already done.
+      auto terminal = terminal_of(*killed);
+      auto body = protocol::render_notice(*killed);
+      co_await finish(job, terminal, std::move(*killed), std::move(body));
     }
-    TETHER_CRASH_POINT("delivery.cancel.after_kill");
-    // The daemon's answer says how it ended: stopped by us, or already done.
-    auto terminal = terminal_of(*killed);
-    auto body = protocol::render_notice(*killed);
-    co_await finish(job, terminal, std::move(*killed), std::move(body));
     auto again = owned(caller, job);
     if (!again) co_return again.error();
     j = std::move(*again);
@@ -596,7 +668,7 @@ awaitable<result<int>> job_queue::stop_turn(owner_scope turn) {
   std::optional<error> first;
   for (auto& id : mine) {
     auto task = cancel_on(turn, id, false);
-    auto r = co_await asio::co_spawn(ex_, std::move(task), asio::use_awaitable);
+    auto r = co_await on_queue(std::move(task));
     if (r && r->state == owned_state::cancelled) ++n;
     if (!r && !first && r.error().code != errc::not_found) first = r.error();
   }
@@ -608,7 +680,7 @@ awaitable<result<int>> job_queue::stop_turn(owner_scope turn) {
 
 awaitable<result<recovery_report>> job_queue::recover() {
   auto task = recover_on();
-  co_return co_await asio::co_spawn(ex_, std::move(task), asio::use_awaitable);
+  co_return co_await on_queue(std::move(task));
 }
 
 awaitable<result<recovery_report>> job_queue::recover_on() {
@@ -616,7 +688,13 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   gate_guard gate{this};
   recovery_report rep;
   auto refuse = [](const error& e) {
-    return error{e.code, "refusing to boot: " + e.message};
+    return error{e.code, "refusing to boot: " + e.message + "; nothing was changed"};
+  };
+  // Past the checks, some receipts may be dropped and some jobs settled already.
+  auto refuse_late = [](const std::string& what, const error& e) {
+    return error{e.code, "refusing to boot: " + what + ": " + e.message +
+                             "; what recovery settled before this stays settled, every other "
+                             "owner was retained and no new work was started"};
   };
   auto live = store_.live_jobs();
   if (!live) co_return refuse(live.error());
@@ -663,6 +741,8 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   for (auto& r : *pending) {
     auto j = store_.job(r.job);
     if (!j) co_return refuse(j.error());
+    // A subagent job's receipt (no sandbox): the report path owns its delivery.
+    if (!*j && r.scope.sandbox.empty() && r.scope.generation == 0) continue;
     std::string why;
     if (!*j) {
       why = "its job does not exist";
@@ -687,42 +767,45 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   if (!drop.empty()) {
     rep.dropped = static_cast<int>(drop.size());
     auto d = co_await store_.drop(std::move(drop));
-    if (!d) co_return refuse(d.error());
+    if (!d) co_return refuse_late("dropping stale receipts", d.error());
   }
 
   // Reattach: what ended while the host was down settles once; what runs is
-  // followed again; what the daemon never saw was not dispatched and is not run.
+  // followed again; what the daemon does not know is not run again. Receipts
+  // are admitted without waking anyone: boot's phases resume the sessions.
   std::vector<owned_job> follow;
   for (auto& j : *live) {
     auto a = co_await ro->attach(j.id, 0);
     if (!a && a.error().code == errc::not_found) {
       add_live(j);
-      auto why = j.state == owned_state::admitted
-                     ? "the host stopped before its command was dispatched; it was not run"
-                     : "the sandbox no longer knows it; how it ended is unknown";
-      co_await finish(j.id, owned_state::lost, std::nullopt, unknown_notice(j.id, j.preview, why));
+      std::string why = j.state == owned_state::admitted
+                            ? "the host stopped around its dispatch and the sandbox does not know "
+                              "it; it was not run again, and whether it ran is unknown"
+                            : "the sandbox no longer knows it; how it ended is unknown";
+      auto notice = unknown_notice(j.id, j.preview, why);
+      co_await finish(j.id, owned_state::lost, std::nullopt, std::move(notice), false);
       ++rep.lost;
       continue;
     }
-    if (!a) co_return refuse(a.error());
+    if (!a) co_return refuse_late("reattaching owned job '" + j.id.str() + "'", a.error());
     add_live(j);
     if (a->done) {
       auto body = protocol::render_notice(*a->done);
       auto terminal = terminal_of(*a->done);
-      co_await finish(j.id, terminal, std::move(*a->done), std::move(body));
+      co_await finish(j.id, terminal, std::move(*a->done), std::move(body), false);
       ++rep.finished_while_down;
       continue;
     }
     if (j.state == owned_state::admitted) {
       auto run = co_await store_.mark_running(j.id);
-      if (!run) co_return refuse(run.error());
+      if (!run) co_return refuse_late("marking owned job '" + j.id.str() + "' running", run.error());
     }
     follow.push_back(j);
   }
   if (ro) ro->close();
 
   for (auto& r : resend) {
-    auto d = co_await deliver(std::move(r));
+    auto d = co_await deliver(std::move(r), false);
     if (d && *d) ++rep.redelivered;
     if (!d) {
       auto w = "recovery: a receipt was kept pending: " + d.error().message;
@@ -733,10 +816,15 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
 
   if (!follow.empty()) {
     auto opened = co_await open_route();
-    if (!opened) co_return refuse(opened.error());
+    if (!opened) co_return refuse_late("opening the platform route", opened.error());
     for (auto& j : follow) {
       if (sandbox_ && (sandbox_->first != j.scope.sandbox || sandbox_->second != j.scope.generation))
-        co_return refuse(error{errc::refused, "the platform route reached another sandbox generation"});
+        co_return refuse_late(
+            "following owned job '" + j.id.str() + "'",
+            error{errc::refused, "the platform route reached sandbox '" + sandbox_->first.str() +
+                                     "' generation " + std::to_string(sandbox_->second) +
+                                     ", not the job's generation " +
+                                     std::to_string(j.scope.generation)});
       if (enter()) asio::co_spawn(ex_, watch(j.id, nullptr), asio::detached);
       ++rep.reattached;
     }

@@ -30,6 +30,7 @@
 
 #include <map>
 #include <mutex>
+#include <thread>
 
 namespace tether::actors {
 
@@ -139,15 +140,22 @@ class job_queue {
   awaitable<result<void>> open_route();
   awaitable<result<void>> open_route_once();
   awaitable<result<job_id>> launch_on(owner_scope caller, launch_request req);
-  awaitable<result<job_view>> status_on(owner_scope caller, job_id job, bool wait);
+  awaitable<result<job_view>> status_on(owner_scope caller, job_id job);
   awaitable<result<job_view>> cancel_on(owner_scope caller, job_id job, bool read);
   awaitable<result<recovery_report>> recover_on();
   /// Follows a job to its end; its completion is written once `started` is set.
   awaitable<void> watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started);
   /// The terminal CAS and the delivery of its receipt.
+  /// `wake_after` false (recovery): the receipt is admitted, nobody is woken.
   awaitable<void> finish(job_id job, owned_state terminal,
-                         std::optional<protocol::shell_completion> c, std::string body);
-  awaitable<result<bool>> deliver(persistence::receipt r);
+                         std::optional<protocol::shell_completion> c, std::string body,
+                         bool wake_after = true);
+  awaitable<result<bool>> deliver(persistence::receipt r, bool wake_after = true);
+  /// Runs `task` on the queue's executor, shielded from the caller's cancellation.
+  template <class T>
+  awaitable<T> on_queue(awaitable<T> task);
+  bool closing();
+  static error stopping_error();
   /// The owned job, or "not found" for a stranger.
   result<owned_job> owned(const owner_scope& caller, const job_id& job);
   /// Counts a coroutine of the queue in flight; false once closed.

@@ -208,7 +208,7 @@ awaitable<void> session::handle(session_message& m) {
     for (auto& i : a->items) nids.push_back(i.nid);
     auto st = host_.store().admit_submit(id(), std::move(a->items));
     auto ex = get_executor();
-    asio::co_spawn(ex, finish_admit(shared_from_this(), st, std::move(nids), std::move(a->reply)),
+    asio::co_spawn(ex, finish_admit(shared_from_this(), st, std::move(nids), std::move(a->reply), a->receipts),
                    asio::detached);
   } else if (auto* b = std::get_if<bind_job>(&m)) {
     // A follow-up may have changed the link's notify setting.
@@ -312,10 +312,11 @@ awaitable<void> session::handle(session_message& m) {
 awaitable<void> session::finish_admit(
     std::shared_ptr<session> self,
     std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> st,
-    std::vector<notification_id> nids, reply_to<std::vector<bool>> reply) {
+    std::vector<notification_id> nids, reply_to<std::vector<bool>> reply, bool receipts) {
   auto r = co_await st->async_wait(asio::use_awaitable);
   if (r) {
     self->inbox_dirty_ = true;
+    if (receipts) self->receipt_admitted_ = true;
     if (auto* o = self->host_.observer())
       for (std::size_t i = 0; i < nids.size(); ++i)
         if ((*r)[i]) o->admitted(self->id(), nids[i]);
@@ -392,6 +393,7 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     pending_.reset();
     // Acknowledge: admitted reports move into the transcript. Skipped when
     // nothing was admitted since the last look.
+    receipt_admitted_ = false;  // this drain takes what was admitted so far
     if (inbox_dirty_) {
       inbox_dirty_ = false;
       TETHER_CRASH_POINT("report.drain.before_ack");
@@ -446,7 +448,6 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     if (interrupted_ || failed_) break;
     // Withhold the turn's completion while jobs it owns run; each change of
     // the queue's revision (or a wake) looks again.
-    bool withheld = false;
     while (!pending_ && !interrupted_ && !stopping_ && withholding()) {
       auto& q = host_.jobs();
       auto seen = q.revision();
@@ -458,12 +459,11 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
       changed->async_wait(asio::bind_executor(get_executor(), std::move(release)));
       co_await w->async_wait(asio::use_awaitable);
       withhold_.reset();
-      withheld = true;
     }
-    // A job leaves the live set only after its receipt's admit committed here
-    // (inbox_dirty_), but the wake that follows may still be in the mailbox:
-    // the receipt belongs to this turn, so drain it now.
-    if (withheld && !pending_ && inbox_dirty_ && !row_.revert_staged) pending_ = wake_scope::steer;
+    // A receipt admitted since this drain began (its job has left the live
+    // set by now, or soon) may have its wake still in the mailbox: it belongs
+    // to this turn, so drain it now rather than in a period of its own.
+    if (!pending_ && receipt_admitted_ && !row_.revert_staged) pending_ = wake_scope::steer;
     if (interrupted_ || stopping_ || !pending_) break;
   }
   // Stopping a turn cancels exactly the jobs it owns, confirmed stopped,

@@ -64,6 +64,7 @@ struct input {
 struct admit {
   std::vector<persistence::report_item> items;
   reply_to<std::vector<bool>> reply;
+  bool receipts = false;  // job receipts: the owning turn drains them before it settles
 };
 struct bind_job {
   job_binding job;
@@ -117,7 +118,7 @@ class session : public runtime::actor<session, session_message> {
   static awaitable<void> finish_admit(
       std::shared_ptr<session> self,
       std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> st,
-      std::vector<notification_id> nids, reply_to<std::vector<bool>> reply);
+      std::vector<notification_id> nids, reply_to<std::vector<bool>> reply, bool receipts);
 
   host& host_;
   session_row row_;
@@ -128,6 +129,7 @@ class session : public runtime::actor<session, session_message> {
   bool failed_ = false;
   bool stopping_ = false;
   bool inbox_dirty_ = true;  // reports may wait in the inbox (unknown at start)
+  bool receipt_admitted_ = false;  // a job receipt was admitted since the last drain began
   std::string error_text_;
   std::int64_t started_seq_ = 0;
   std::int64_t settle_cursor_ = 0;

@@ -8,6 +8,7 @@
 #include "catch_result.hpp"
 #include "support.hpp"
 
+#include "tether/persistence/receipt_store.hpp"
 #include "tether/persistence/report_store.hpp"
 
 #include <csignal>
@@ -42,6 +43,8 @@ struct outcome {
   int stray_transcript_reports = 0;     // transcript reports with no inbox row
   int outbox_rows = 0;                  // job rows left
   int claimed_sessions = 0;             // sessions still holding a claim
+  int receipts = 0;                     // the child's job receipts
+  int receipts_not_acked = 0;           // of those, pending or dropped
 };
 
 outcome read_outcome(const std::string& db) {
@@ -69,6 +72,13 @@ outcome read_outcome(const std::string& db) {
   o.stray_transcript_reports = static_cast<int>(transcript.size()) - static_cast<int>(inbox->size());
   o.outbox_rows = static_cast<int>(jobs->size());
   for (auto& s : *sessions) o.claimed_sessions += s.time_suspended ? 1 : 0;
+  persistence::receipt_reader receipts(db);
+  auto rs = receipts.all_receipts();
+  REQUIRE(rs);
+  for (auto& r : *rs) {
+    ++o.receipts;
+    o.receipts_not_acked += r.state != persistence::receipt_state::acked;
+  }
   (*w)->stop();
   return o;
 }
@@ -128,6 +138,8 @@ TEST_CASE("SIGKILL at every crash point of the report path: every owed report ar
       CHECK(o.pending == 0);               // every admitted report was acknowledged
       CHECK(o.transcript_mismatches == 0);  // each exactly once in the transcript
       CHECK(o.stray_transcript_reports == 0);
+      CHECK(o.receipts >= 2);            // the background job's started and terminal receipts
+      CHECK(o.receipts_not_acked == 0);  // its terminal receipt went with its report
       CHECK_FALSE(o.bodies.empty());
       std::set<std::string> distinct(o.bodies.begin(), o.bodies.end());
       CHECK(distinct.size() == o.bodies.size());  // no report twice under two ids

@@ -226,3 +226,65 @@ TEST_CASE("with a sandbox configured, a shell the agent starts is a job owned by
   CHECK((*job)->channel == "tool");
   CHECK((*job)->scope.thread == s);
 }
+
+TEST_CASE("an interrupt while the turn waits on its job stops the turn and cancels the job",
+          "[delivery]") {
+  delivery_fixture d("interrupt-wait");
+  auto waiting = runtime::one_shot<job_id>::make();
+  auto waited = runtime::one_shot<result<job_view>>::make();
+  d.f.code("s")->fn = [waiting, waited](agent_context& ctx,
+                                        drain_input) -> boost::asio::awaitable<void> {
+    if (waiting->ready()) co_return;
+    auto j = co_await ctx.launch_job(job("sleep 30"));
+    if (!j) throw std::runtime_error(j.error().message);
+    waiting->set(*j);
+    auto v = co_await ctx.wait_job(*j);
+    waited->set(v);
+  };
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "run the long job and wait")));
+  auto j = d.sync(waiting->async_wait(boost::asio::use_awaitable));
+  d.host().interrupt(s);
+  REQUIRE(d.sync(d.host().wait_idle(s)));
+  // The turn's stop killed the job (confirmed) instead of waiting 30 s for it.
+  CHECK(d.state_of(j) == owned_state::cancelled);
+  if (waited->ready()) {
+    auto v = d.sync(waited->async_wait(boost::asio::use_awaitable));
+    CHECK_FALSE(v);  // the wait was cut short, not answered with a result
+  }
+  d.sync(d.host().jobs().wait_idle());
+}
+
+TEST_CASE("an interrupt in the middle of launching leaves every job launched terminal and "
+          "nothing live",
+          "[delivery]") {
+  delivery_fixture d("interrupt-launch");
+  auto first = runtime::one_shot<int>::make();
+  auto launched = std::make_shared<std::vector<job_id>>();
+  auto m = std::make_shared<std::mutex>();
+  d.f.code("s")->fn = [first, launched, m](agent_context& ctx,
+                                           drain_input) -> boost::asio::awaitable<void> {
+    if (first->ready()) co_return;
+    for (int i = 0; i < 6; ++i) {
+      auto j = co_await ctx.launch_job(job("sleep 30"));
+      if (j) {
+        std::lock_guard lk(*m);
+        launched->push_back(*j);
+      }
+      first->set(0);
+    }
+  };
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "launch many")));
+  d.sync(first->async_wait(boost::asio::use_awaitable));
+  d.host().interrupt(s);
+  REQUIRE(d.sync(d.host().wait_idle(s)));
+  d.sync(d.host().jobs().wait_idle());  // nothing stays live
+  auto all = d.host().receipts().all_jobs();
+  REQUIRE(all);
+  CHECK_FALSE(all->empty());
+  for (auto& j : *all) {
+    INFO("job " << j.id.str() << " is " << persistence::to_string(j.state));
+    CHECK(j.state == owned_state::cancelled);
+  }
+}
