@@ -10,13 +10,13 @@
 // because exec is idempotent by job id and kill and wait are idempotent.
 //
 // A route's timeout may extend the sandbox's lease, never shorten it.
-#include "tether/actors/sandbox_client.hpp"
-
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+
+#include "tether/actors/sandbox_client.hpp"
 
 namespace tether::actors {
 

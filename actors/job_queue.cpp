@@ -1,16 +1,15 @@
 #include "tether/actors/job_queue.hpp"
 
-#include "tether/actors/host.hpp"
-#include "tether/protocol/scrub.hpp"
-#include "tether/runtime/crash_point.hpp"
-
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/use_awaitable.hpp>
-
 #include <filesystem>
 #include <set>
+
+#include "tether/actors/host.hpp"
+#include "tether/protocol/scrub.hpp"
+#include "tether/runtime/crash_point.hpp"
 
 namespace tether::actors {
 
@@ -27,11 +26,14 @@ error not_found(const job_id& job) {
 
 owned_state terminal_of(const protocol::shell_completion& c) {
   switch (c.status.state) {
-    case protocol::job_state::killed: return owned_state::cancelled;
-    case protocol::job_state::unknown: return owned_state::lost;
+    case protocol::job_state::killed:
+      return owned_state::cancelled;
+    case protocol::job_state::unknown:
+      return owned_state::lost;
     case protocol::job_state::exited:
       return c.status.exit_code == 0 ? owned_state::completed : owned_state::failed;
-    case protocol::job_state::running: break;
+    case protocol::job_state::running:
+      break;
   }
   return owned_state::lost;
 }
@@ -186,7 +188,8 @@ void job_queue::end_live(const job_id& job) {
   busy(-1);
 }
 
-bool job_queue::turn_has_live_jobs(const protocol::session_id& thread, const protocol::turn_id& turn) {
+bool job_queue::turn_has_live_jobs(const protocol::session_id& thread,
+                                   const protocol::turn_id& turn) {
   std::lock_guard lk(m_);
   for (auto& [id, l] : live_)
     if (l.job.scope.thread == thread && l.job.scope.turn == turn) return true;
@@ -215,7 +218,8 @@ bool job_queue::closing() {
 }
 
 error job_queue::stopping_error() {
-  return error{errc::stopped, "the host is shutting down; no route was opened and nothing was started"};
+  return error{errc::stopped,
+               "the host is shutting down; no route was opened and nothing was started"};
 }
 
 awaitable<result<void>> job_queue::open_route() {
@@ -259,9 +263,10 @@ awaitable<result<void>> job_queue::open_route_once() {
     auto bound = store_.bound_generation(hello.sandbox);
     if (!bound) co_return bound.error();
     if (*bound && **bound > hello.generation)
-      co_return error{errc::refused, "sandbox '" + hello.sandbox.str() + "' answers with generation " +
-                                         std::to_string(hello.generation) + ", older than the bound " +
-                                         std::to_string(**bound) + "; nothing was started"};
+      co_return error{errc::refused,
+                      "sandbox '" + hello.sandbox.str() + "' answers with generation " +
+                          std::to_string(hello.generation) + ", older than the bound " +
+                          std::to_string(**bound) + "; nothing was started"};
   }
   auto b = co_await store_.bind_sandbox(hello.sandbox, hello.generation);
   if (!b) co_return b.error();
@@ -299,11 +304,14 @@ result<owned_job> job_queue::owned(const owner_scope& caller, const job_id& job)
   return std::move(**j);
 }
 
-job_view job_queue::view_of(const owned_job& j) {
+result<job_view> job_queue::view_of(const owned_job& j) {
   job_view v{j.id, j.state, j.completion, {}};
-  if (persistence::is_terminal(j.state))
-    if (auto r = store_.receipt_by_id(protocol::make_event_id(j.id, persistence::transition_of(j.state))); r && *r)
-      v.notice = (*r)->body;
+  if (persistence::is_terminal(j.state)) {
+    auto r =
+        store_.receipt_by_id(protocol::make_event_id(j.id, persistence::transition_of(j.state)));
+    if (!r) return r.error();
+    if (*r) v.notice = (**r).body;
+  }
   return v;
 }
 
@@ -318,18 +326,21 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
   if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was done"};
   gate_guard gate{this};
   if (caller.tenant.empty() || caller.thread.empty() || caller.turn.empty())
-    co_return error{errc::invalid, "launch: the caller's scope needs a tenant, a thread and a turn; "
-                                   "nothing was started"};
+    co_return error{errc::invalid,
+                    "launch: the caller's scope needs a tenant, a thread and a turn; "
+                    "nothing was started"};
   auto row = host_.store().session(caller.thread);
   if (!row) co_return row.error();
   if (!*row || (*row)->tenant != caller.tenant)
-    co_return error{errc::not_found, "session '" + caller.thread.str() + "' not found; nothing was started"};
+    co_return error{errc::not_found,
+                    "session '" + caller.thread.str() + "' not found; nothing was started"};
   if (req.background && !(*row)->job_notify)
     co_return error{errc::refused, "turn '" + caller.turn.str() + "' of session '" +
                                        caller.thread.str() +
                                        "' has notifications disabled, so a background job would "
                                        "have no way back to it; nothing was started"};
-  if (req.command.empty()) co_return error{errc::invalid, "launch: the command is empty; nothing was started"};
+  if (req.command.empty())
+    co_return error{errc::invalid, "launch: the command is empty; nothing was started"};
   {
     std::lock_guard lk(m_);
     if (stopped_) co_return error{errc::stopped, "the host is shutting down; nothing was started"};
@@ -342,8 +353,8 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
   owned_job j;
   j.id = job_id(protocol::mint("job"));
   if (req.key) {
-    if (req.key->empty() || req.key->size() > 64 ||
-        !wire::valid_job_id("k" + *req.key) || req.key->find('/') != std::string::npos)
+    if (req.key->empty() || req.key->size() > 64 || !wire::valid_job_id("k" + *req.key) ||
+        req.key->find('/') != std::string::npos)
       co_return error{errc::invalid, "launch: key '" + *req.key +
                                          "' must be 1-64 of [A-Za-z0-9_.-]; nothing was started"};
     j.id = job_id("job_" + caller.turn.str() + "_" + *req.key);
@@ -373,7 +384,9 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
 
   wire::exec_req er;
   er.command = std::move(req.command);
-  er.cwd = !req.cwd.empty() ? req.cwd : !opts_.cwd.empty() ? opts_.cwd : std::filesystem::current_path().string();
+  er.cwd = !req.cwd.empty()     ? req.cwd
+           : !opts_.cwd.empty() ? opts_.cwd
+                                : std::filesystem::current_path().string();
   er.env = std::move(env);
   er.job = id;
   auto started = co_await channel->exec(std::move(er));
@@ -410,7 +423,8 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
   auto started_written = runtime::one_shot<int>::make();
   if (enter()) asio::co_spawn(ex_, watch(id, started_written), asio::detached);
   auto run = co_await store_.mark_running(id);
-  if (!run) host_.warn("job " + id.str() + ": its started receipt was not written: " + run.error().message);
+  if (!run)
+    host_.warn("job " + id.str() + ": its started receipt was not written: " + run.error().message);
   if (run && *run) {
     std::lock_guard lk(m_);
     if (auto it = live_.find(id); it != live_.end()) it->second.job.state = owned_state::running;
@@ -476,7 +490,10 @@ awaitable<void> job_queue::finish(job_id job, owned_state terminal,
   if (!*won) co_return;
   TETHER_CRASH_POINT("delivery.terminal.after_commit");
   auto r = store_.receipt_by_id(protocol::make_event_id(job, persistence::transition_of(terminal)));
-  if (r && *r) {
+  if (!r) {
+    host_.warn("job " + job.str() + ": its receipt was written but cannot be read back (" +
+               r.error().message + "); it stays pending for the next boot");
+  } else if (*r) {
     auto delivered = co_await deliver(std::move(**r), wake_after);
     if (!delivered)
       host_.warn("job " + job.str() + ": receipt kept pending: " + delivered.error().message);
@@ -635,9 +652,9 @@ awaitable<result<job_view>> job_queue::cancel_on(owner_scope caller, job_id job,
       // Not confirmed stopped: no cancelled receipt. A completion that came
       // meanwhile is written as what it is.
       if (held) co_await finish(job, terminal_of(*held), *held, protocol::render_notice(*held));
-      co_return error{killed.error().code,
-                      "job '" + job.str() + "' was not confirmed stopped (" +
-                          killed.error().message + "); no cancelled receipt was written"};
+      co_return error{killed.error().code, "job '" + job.str() + "' was not confirmed stopped (" +
+                                               killed.error().message +
+                                               "); no cancelled receipt was written"};
     } else {
       TETHER_CRASH_POINT("delivery.cancel.after_kill");
       // The daemon's answer says how it ended: stopped by us, or already done.
@@ -713,8 +730,9 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
                                       "was started"};
     };
     if (j.scope.sandbox.empty() || j.scope.generation == 0)
-      co_return stop("has no proven sandbox generation, so it cannot tell whether its command "
-                     "was dispatched");
+      co_return stop(
+          "has no proven sandbox generation, so it cannot tell whether its command "
+          "was dispatched");
     if (opts_.sandbox_dir.empty())
       co_return stop("ran on sandbox '" + j.scope.sandbox.str() + "' generation " +
                      std::to_string(j.scope.generation) + ", but no sandbox is configured");
@@ -798,7 +816,8 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
     }
     if (j.state == owned_state::admitted) {
       auto run = co_await store_.mark_running(j.id);
-      if (!run) co_return refuse_late("marking owned job '" + j.id.str() + "' running", run.error());
+      if (!run)
+        co_return refuse_late("marking owned job '" + j.id.str() + "' running", run.error());
     }
     follow.push_back(j);
   }
@@ -818,7 +837,8 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
     auto opened = co_await open_route();
     if (!opened) co_return refuse_late("opening the platform route", opened.error());
     for (auto& j : follow) {
-      if (sandbox_ && (sandbox_->first != j.scope.sandbox || sandbox_->second != j.scope.generation))
+      if (sandbox_ &&
+          (sandbox_->first != j.scope.sandbox || sandbox_->second != j.scope.generation))
         co_return refuse_late(
             "following owned job '" + j.id.str() + "'",
             error{errc::refused, "the platform route reached sandbox '" + sandbox_->first.str() +

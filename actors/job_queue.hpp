@@ -22,15 +22,15 @@
 // Threads: the queue's coroutines run on its own executor (the routes and the
 // sandbox client live there); public calls hop onto it. The set of live jobs
 // and the revision are also readable from other threads.
+#include <map>
+#include <mutex>
+#include <thread>
+
 #include "tether/actors/command_route.hpp"
 #include "tether/persistence/receipt_store.hpp"
 #include "tether/protocol/report.hpp"
 #include "tether/runtime/actor.hpp"
 #include "tether/runtime/one_shot.hpp"
-
-#include <map>
-#include <mutex>
-#include <thread>
 
 namespace tether::actors {
 
@@ -57,7 +57,7 @@ struct job_queue_options {
 
 struct launch_request {
   std::string command;
-  std::string cwd;  // empty: the queue's default
+  std::string cwd;                                       // empty: the queue's default
   std::vector<std::pair<std::string, std::string>> env;  // empty: the host's environment
   bool background = true;
   std::string channel = "api";  // tool | cli | api
@@ -76,11 +76,11 @@ struct job_view {
 };
 
 struct recovery_report {
-  int reattached = 0;       // still running, followed again
+  int reattached = 0;  // still running, followed again
   int finished_while_down = 0;
-  int lost = 0;             // admitted but unknown to the daemon: not run again
-  int redelivered = 0;      // pending receipts handed over again
-  int dropped = 0;          // pending receipts of another scope or an older generation
+  int lost = 0;         // admitted but unknown to the daemon: not run again
+  int redelivered = 0;  // pending receipts handed over again
+  int dropped = 0;      // pending receipts of another scope or an older generation
   std::vector<std::string> warnings;
 };
 
@@ -169,7 +169,7 @@ class job_queue {
   void end_live(const job_id& job);
   void bump();
   void busy(int delta);
-  job_view view_of(const owned_job& j);
+  result<job_view> view_of(const owned_job& j);
 
   runtime::executor ex_;
   host& host_;

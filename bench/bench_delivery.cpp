@@ -60,12 +60,12 @@
 // keeps the scratch directories.
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <atomic>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -103,7 +103,8 @@ std::string g_dir;
   std::lock_guard lk(g_die_m);
   std::fprintf(stderr, "bench_delivery: %s\n", what.c_str());
   if (g_daemon) (void)actors::stop_daemon(*g_daemon);
-  if (!g_dir.empty()) std::fprintf(stderr, "bench_delivery: scratch directories kept: %s\n", g_dir.c_str());
+  if (!g_dir.empty())
+    std::fprintf(stderr, "bench_delivery: scratch directories kept: %s\n", g_dir.c_str());
   std::fflush(stderr);
   std::_Exit(1);
 }
@@ -143,7 +144,9 @@ struct shape {
   int total() const { return sessions * jobs; }
 };
 
-std::string session_name(int i) { return "ses_bench" + std::to_string(i); }
+std::string session_name(int i) {
+  return "ses_bench" + std::to_string(i);
+}
 
 // ---- what happened to each job --------------------------------------------------------
 
@@ -184,7 +187,8 @@ class tracker {
 };
 
 struct launch_state {
-  launch_state(int sessions, int jobs, tracker* t) : jobs_per_session(jobs), left(sessions), tr(t) {}
+  launch_state(int sessions, int jobs, tracker* t)
+      : jobs_per_session(jobs), left(sessions), tr(t) {}
   int jobs_per_session;
   std::atomic<int> left;  // sessions whose launching drain has not finished
   std::shared_ptr<runtime::one_shot<int>> all_launched = runtime::one_shot<int>::make();
@@ -311,7 +315,8 @@ host_outcome run_host(const std::string& dir, const std::string& state_dir, pid_
 
   std::vector<session_id> sessions;
   for (int i = 0; i < s.sessions; ++i) {
-    auto r = sync(host, host.create_session("bench turn " + std::to_string(i), session_id(session_name(i))));
+    auto r = sync(
+        host, host.create_session("bench turn " + std::to_string(i), session_id(session_name(i))));
     if (!r) die("create_session failed: " + r.error().message);
     auto p = sync(host, host.set_job_policy(*r, true, policy));
     if (!p) die("set_job_policy failed: " + p.error().message);
@@ -341,9 +346,11 @@ host_outcome run_host(const std::string& dir, const std::string& state_dir, pid_
   // ---- checks ----
   auto fail = [&](const std::string& what) { die(policy + ": check failed: " + what); };
   std::unique_lock lk(tr.m_);
-  if (!tr.unknown_stages_.empty()) fail("the trace reported an unknown stage '" + tr.unknown_stages_[0] + "'");
+  if (!tr.unknown_stages_.empty())
+    fail("the trace reported an unknown stage '" + tr.unknown_stages_[0] + "'");
   if (tr.order_.size() != static_cast<std::size_t>(s.total()))
-    fail(std::to_string(tr.order_.size()) + " jobs launched, expected " + std::to_string(s.total()));
+    fail(std::to_string(tr.order_.size()) + " jobs launched, expected " +
+         std::to_string(s.total()));
   if (tr.jobs_.size() != tr.order_.size())
     fail("the trace saw " + std::to_string(tr.jobs_.size() - tr.order_.size()) +
          " jobs that no turn launched");
@@ -367,10 +374,12 @@ host_outcome run_host(const std::string& dir, const std::string& state_dir, pid_
     if (!j || !*j) fail("job " + id + " has no row");
     if ((*j)->state != persistence::owned_state::completed)
       fail("job " + id + " ended " + std::string(persistence::to_string((*j)->state)));
-    auto r = host.receipts().receipt_by_id(protocol::make_event_id(job_id(id), protocol::transition::completed));
+    auto r = host.receipts().receipt_by_id(
+        protocol::make_event_id(job_id(id), protocol::transition::completed));
     if (!r || !*r) fail("job " + id + " has no completed receipt");
     if ((*r)->state != persistence::receipt_state::acked)
-      fail("the completed receipt of job " + id + " is " + std::string(persistence::to_string((*r)->state)));
+      fail("the completed receipt of job " + id + " is " +
+           std::string(persistence::to_string((*r)->state)));
   }
   for (auto& sid : sessions) {
     auto msgs = host.store().messages(sid);
@@ -385,19 +394,23 @@ host_outcome run_host(const std::string& dir, const std::string& state_dir, pid_
       for (auto& id : mine)
         if (m.text.find(id) != std::string::npos) ++seen[id], ++matched;
       if (matched != 1)
-        fail("a notice in " + sid.str() + " names " + std::to_string(matched) + " of its jobs: " + m.text);
+        fail("a notice in " + sid.str() + " names " + std::to_string(matched) +
+             " of its jobs: " + m.text);
     }
     if (notices != static_cast<int>(mine.size()))
       fail(sid.str() + " has " + std::to_string(notices) + " notices in its transcript for " +
            std::to_string(mine.size()) + " jobs launched");
     for (auto& id : mine)
       if (seen[id] != 1)
-        fail("job " + id + "'s notice is " + std::to_string(seen[id]) + " times in " + sid.str() + "'s transcript");
+        fail("job " + id + "'s notice is " + std::to_string(seen[id]) + " times in " + sid.str() +
+             "'s transcript");
   }
-  if (out.stats.failed_commits != 0) fail(std::to_string(out.stats.failed_commits) + " commits failed");
+  if (out.stats.failed_commits != 0)
+    fail(std::to_string(out.stats.failed_commits) + " commits failed");
   {
     std::lock_guard wl(warn_m);
-    if (!warnings.empty()) fail(std::to_string(warnings.size()) + " host warnings, first: " + warnings[0]);
+    if (!warnings.empty())
+      fail(std::to_string(warnings.size()) + " host warnings, first: " + warnings[0]);
   }
 
   out.delivered = tr.order_.size();
@@ -412,7 +425,7 @@ host_outcome run_host(const std::string& dir, const std::string& state_dir, pid_
 // ---- the raw baseline ----------------------------------------------------------------
 
 struct raw_outcome {
-  double rate = 0;  // jobs/s, first exec -> last completion
+  double rate = 0;              // jobs/s, first exec -> last completion
   std::vector<double> exec_ms;  // how long each exec call took
   double cpu_s = 0, daemon_cpu_s = 0;
 };
@@ -508,20 +521,27 @@ void emit_raw(const std::string& p, raw_outcome& o, int jobs) {
 void emit_host(const std::string& p, host_outcome& o) {
   auto n = static_cast<double>(o.delivered);
   bench::emit(k_bench, p + "_receipts_delivered_per_s", o.rate(), "receipts/s");
-  bench::emit(k_bench, p + "_completion_to_delivery_p50", bench::percentile(o.completion_to_delivery_ms, 50), "ms");
-  bench::emit(k_bench, p + "_completion_to_delivery_p99", bench::percentile(o.completion_to_delivery_ms, 99), "ms");
-  bench::emit(k_bench, p + "_completion_to_delivery_max", bench::percentile(o.completion_to_delivery_ms, 100), "ms");
+  bench::emit(k_bench, p + "_completion_to_delivery_p50",
+              bench::percentile(o.completion_to_delivery_ms, 50), "ms");
+  bench::emit(k_bench, p + "_completion_to_delivery_p99",
+              bench::percentile(o.completion_to_delivery_ms, 99), "ms");
+  bench::emit(k_bench, p + "_completion_to_delivery_max",
+              bench::percentile(o.completion_to_delivery_ms, 100), "ms");
   bench::emit(k_bench, p + "_launch_call_p50", bench::percentile(o.launch_call_ms, 50), "ms");
   bench::emit(k_bench, p + "_launch_call_p99", bench::percentile(o.launch_call_ms, 99), "ms");
-  bench::emit(k_bench, p + "_launch_to_delivery_p50", bench::percentile(o.launch_to_delivery_ms, 50), "ms");
-  bench::emit(k_bench, p + "_launch_to_delivery_p99", bench::percentile(o.launch_to_delivery_ms, 99), "ms");
+  bench::emit(k_bench, p + "_launch_to_delivery_p50",
+              bench::percentile(o.launch_to_delivery_ms, 50), "ms");
+  bench::emit(k_bench, p + "_launch_to_delivery_p99",
+              bench::percentile(o.launch_to_delivery_ms, 99), "ms");
   bench::emit(k_bench, p + "_launch_phase_s", o.launch_phase_s, "s");
   bench::emit(k_bench, p + "_deliver_wall_s", o.deliver_wall_s, "s");
   bench::emit(k_bench, p + "_quiescent_s", o.quiescent_s, "s");
-  bench::emit(k_bench, p + "_writer_transactions", static_cast<double>(o.stats.transactions), "transactions");
+  bench::emit(k_bench, p + "_writer_transactions", static_cast<double>(o.stats.transactions),
+              "transactions");
   bench::emit(k_bench, p + "_writer_requests", static_cast<double>(o.stats.requests), "requests");
   bench::emit(k_bench, p + "_writer_requests_per_transaction",
-              static_cast<double>(o.stats.requests) / static_cast<double>(o.stats.transactions), "requests/tx");
+              static_cast<double>(o.stats.requests) / static_cast<double>(o.stats.transactions),
+              "requests/tx");
   bench::emit(k_bench, p + "_cpu_us_per_job", o.cpu_s * 1e6 / n, "us");
   bench::emit(k_bench, p + "_daemon_cpu_us_per_job", o.daemon_cpu_s * 1e6 / n, "us");
 }
@@ -533,9 +553,11 @@ int main(int argc, char** argv) {
   if (argc > 1) s.sessions = std::atoi(argv[1]);
   if (argc > 2) s.jobs = std::atoi(argv[2]);
   if (argc > 3 && std::string(argv[3]) != "both") s.policies = {argv[3]};
-  if (s.sessions < 1 || s.jobs < 1) die("usage: bench_delivery [SESSIONS>=1] [JOBS_PER_SESSION>=1] [both|report_now|withhold]");
+  if (s.sessions < 1 || s.jobs < 1)
+    die("usage: bench_delivery [SESSIONS>=1] [JOBS_PER_SESSION>=1] [both|report_now|withhold]");
   for (auto& p : s.policies)
-    if (p != "report_now" && p != "withhold") die("unknown policy '" + p + "' (report_now, withhold or both)");
+    if (p != "report_now" && p != "withhold")
+      die("unknown policy '" + p + "' (report_now, withhold or both)");
 
   char tmpl[] = "/tmp/tether-bench-delivery-XXXXXX";
   if (!::mkdtemp(tmpl)) die("mkdtemp failed");
@@ -583,7 +605,8 @@ int main(int argc, char** argv) {
   bench::emit(k_bench, "sessions", s.sessions, "sessions");
   bench::emit(k_bench, "jobs_per_session", s.jobs, "jobs");
   bench::emit(k_bench, "jobs", s.total(), "jobs");
-  bench::emit(k_bench, "sandbox_state_on_tmpfs", sbx_dir.rfind("/dev/shm/", 0) == 0 ? 1 : 0, "bool");
+  bench::emit(k_bench, "sandbox_state_on_tmpfs", sbx_dir.rfind("/dev/shm/", 0) == 0 ? 1 : 0,
+              "bool");
 
   auto raw_before = raw_pass(daemon->socket_path, dir + "/work", s, 50, daemon->pid);
   emit_raw("raw_jobs_per_s_before", raw_before, s.total());

@@ -1,11 +1,11 @@
 #include "tether/persistence/receipt_store.hpp"
 
+#include <SQLiteCpp/Statement.h>
+
 #include "tether/protocol/json.hpp"
 #include "tether/protocol/payloads.hpp"
 #include "tether/protocol/sandbox_wire.hpp"
 #include "tether/runtime/clock.hpp"
-
-#include <SQLiteCpp/Statement.h>
 
 namespace tether::persistence {
 
@@ -15,34 +15,51 @@ using runtime::now_ms;
 
 std::string_view to_string(owned_state s) {
   switch (s) {
-    case owned_state::admitted: return "admitted";
-    case owned_state::running: return "running";
-    case owned_state::completed: return "completed";
-    case owned_state::failed: return "failed";
-    case owned_state::cancelled: return "cancelled";
-    case owned_state::lost: return "lost";
+    case owned_state::admitted:
+      return "admitted";
+    case owned_state::running:
+      return "running";
+    case owned_state::completed:
+      return "completed";
+    case owned_state::failed:
+      return "failed";
+    case owned_state::cancelled:
+      return "cancelled";
+    case owned_state::lost:
+      return "lost";
   }
   return "unknown";
 }
 
-bool is_terminal(owned_state s) { return s != owned_state::admitted && s != owned_state::running; }
+bool is_terminal(owned_state s) {
+  return s != owned_state::admitted && s != owned_state::running;
+}
 
 transition transition_of(owned_state terminal) {
   switch (terminal) {
-    case owned_state::completed: return transition::completed;
-    case owned_state::failed: return transition::failed;
-    case owned_state::cancelled: return transition::cancelled;
-    case owned_state::lost: return transition::lost;
-    default: return transition::started;
+    case owned_state::completed:
+      return transition::completed;
+    case owned_state::failed:
+      return transition::failed;
+    case owned_state::cancelled:
+      return transition::cancelled;
+    case owned_state::lost:
+      return transition::lost;
+    default:
+      return transition::started;
   }
 }
 
 std::string_view to_string(receipt_state s) {
   switch (s) {
-    case receipt_state::pending: return "pending";
-    case receipt_state::acked: return "acked";
-    case receipt_state::read: return "read";
-    case receipt_state::dropped: return "dropped";
+    case receipt_state::pending:
+      return "pending";
+    case receipt_state::acked:
+      return "acked";
+    case receipt_state::read:
+      return "read";
+    case receipt_state::dropped:
+      return "dropped";
   }
   return "unknown";
 }
@@ -75,7 +92,8 @@ result<owned_job> decode_job(SQLite::Statement& q) {
   j.id = job_id(q.getColumn(0).getString());
   const auto& key = j.id.str();
   auto scope = protocol::decode_text<owner_scope>(
-      q.getColumn(1).getString(), [](const json::value& v) { return protocol::scope_from_json(v); });
+      q.getColumn(1).getString(),
+      [](const json::value& v) { return protocol::scope_from_json(v); });
   if (!scope) return corrupt("owned_jobs", key, "scope: " + scope.error().describe());
   j.scope = std::move(*scope);
   auto state = q.getColumn(2).getString();
@@ -115,9 +133,11 @@ result<receipt> decode_receipt(SQLite::Statement& q) {
   if (!protocol::parse(t, r.transition))
     return corrupt("receipts", key, "transition: unknown value '" + t + "'");
   if (r.id != protocol::make_event_id(r.job, r.transition))
-    return corrupt("receipts", key, "id: does not match job '" + r.job.str() + "' and transition '" + t + "'");
+    return corrupt("receipts", key,
+                   "id: does not match job '" + r.job.str() + "' and transition '" + t + "'");
   auto scope = protocol::decode_text<owner_scope>(
-      q.getColumn(3).getString(), [](const json::value& v) { return protocol::scope_from_json(v); });
+      q.getColumn(3).getString(),
+      [](const json::value& v) { return protocol::scope_from_json(v); });
   if (!scope) return corrupt("receipts", key, "scope: " + scope.error().describe());
   r.scope = std::move(*scope);
   r.body = q.getColumn(4).getString();
@@ -191,29 +211,30 @@ result<std::optional<owned_job>> receipt_reader::job(const job_id& id) {
 }
 
 result<std::vector<owned_job>> receipt_reader::all_jobs() {
-  return read_all<owned_job>(readers_,
-                             std::string("SELECT ") + k_job_cols +
-                                 " FROM owned_jobs ORDER BY created_at, id",
-                             "reading owned jobs", {}, decode_job);
+  return read_all<owned_job>(
+      readers_, std::string("SELECT ") + k_job_cols + " FROM owned_jobs ORDER BY created_at, id",
+      "reading owned jobs", {}, decode_job);
 }
 
 result<std::vector<receipt>> receipt_reader::all_receipts() {
-  return read_all<receipt>(readers_,
-                           std::string("SELECT ") + k_receipt_cols +
-                               " FROM receipts ORDER BY created_at, id",
-                           "reading receipts", {}, decode_receipt);
+  return read_all<receipt>(
+      readers_, std::string("SELECT ") + k_receipt_cols + " FROM receipts ORDER BY created_at, id",
+      "reading receipts", {}, decode_receipt);
 }
 
 result<std::vector<owned_job>> receipt_reader::live_jobs() {
-  return read_all<owned_job>(readers_,
-                             std::string("SELECT ") + k_job_cols +
-                                 " FROM owned_jobs WHERE state IN ('admitted','running') "
-                                 "ORDER BY created_at, id",
-                             "reading live owned jobs", {}, decode_job);
+  return read_all<owned_job>(
+      readers_,
+      std::string("SELECT ") + k_job_cols +
+          // Every row that is not known to be terminal: a state
+          // word nobody knows is read, and refused, not skipped.
+          " FROM owned_jobs WHERE state NOT IN "
+          "('completed','failed','cancelled','lost') ORDER BY created_at, id",
+      "reading live owned jobs", {}, decode_job);
 }
 
 result<std::vector<owned_job>> receipt_reader::jobs_of_turn(const protocol::session_id& thread,
-                                                           const protocol::turn_id& turn) {
+                                                            const protocol::turn_id& turn) {
   return read_all<owned_job>(readers_,
                              std::string("SELECT ") + k_job_cols +
                                  " FROM owned_jobs WHERE thread = ? AND turn = ? "
@@ -225,7 +246,8 @@ result<std::vector<owned_job>> receipt_reader::jobs_of_turn(const protocol::sess
 result<std::vector<receipt>> receipt_reader::pending_receipts() {
   return read_all<receipt>(readers_,
                            std::string("SELECT ") + k_receipt_cols +
-                               " FROM receipts WHERE state = 'pending' ORDER BY created_at, id",
+                               " FROM receipts WHERE state NOT IN ('acked','read','dropped') "
+                               "ORDER BY created_at, id",
                            "reading pending receipts", {}, decode_receipt);
 }
 
@@ -236,10 +258,10 @@ result<std::optional<receipt>> receipt_reader::receipt_by_id(const event_id& id)
 }
 
 result<std::vector<receipt>> receipt_reader::receipts_of(const job_id& job) {
-  return read_all<receipt>(
-      readers_,
-      std::string("SELECT ") + k_receipt_cols + " FROM receipts WHERE job_id = ? ORDER BY created_at, id",
-      "reading receipts of " + job.str(), {job.str()}, decode_receipt);
+  return read_all<receipt>(readers_,
+                           std::string("SELECT ") + k_receipt_cols +
+                               " FROM receipts WHERE job_id = ? ORDER BY created_at, id",
+                           "reading receipts of " + job.str(), {job.str()}, decode_receipt);
 }
 
 result<std::optional<std::uint64_t>> receipt_reader::bound_generation(
@@ -249,18 +271,19 @@ result<std::optional<std::uint64_t>> receipt_reader::bound_generation(
     if (g < 0) return corrupt("sandboxes", q.getColumn(1).getString(), "generation: negative");
     return static_cast<std::uint64_t>(g);
   };
-  return first_of(read_all<std::uint64_t>(readers_,
-                                          "SELECT generation, id FROM sandboxes WHERE id = ?",
-                                          "reading sandbox " + sandbox.str(), {sandbox.str()}, decode));
+  return first_of(
+      read_all<std::uint64_t>(readers_, "SELECT generation, id FROM sandboxes WHERE id = ?",
+                              "reading sandbox " + sandbox.str(), {sandbox.str()}, decode));
 }
 
 awaitable<result<void>> receipt_store::admit(owned_job j) {
   auto name = "admit owned job " + j.id.str();
   auto fn = [j = std::move(j)](SQLite::Database& db) -> result<void> {
-    auto& st = cached_statement(db,
-                                "INSERT OR IGNORE INTO owned_jobs (id, tenant, thread, turn, scope, "
-                                "state, command, created_at, updated_at) "
-                                "VALUES (?, ?, ?, ?, ?, 'admitted', ?, ?, ?)");
+    auto& st =
+        cached_statement(db,
+                         "INSERT OR IGNORE INTO owned_jobs (id, tenant, thread, turn, scope, "
+                         "state, command, created_at, updated_at) "
+                         "VALUES (?, ?, ?, ?, ?, 'admitted', ?, ?, ?)");
     auto now = now_ms();
     json::object command{{"preview", j.preview}, {"channel", j.channel}};
     st.bind(1, j.id.str());

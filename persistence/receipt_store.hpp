@@ -6,16 +6,16 @@
 //
 // Persisted state that does not parse is refused with an error naming the
 // table, the key and the field; it is never skipped or deleted.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "tether/persistence/database.hpp"
 #include "tether/persistence/writer.hpp"
 #include "tether/protocol/ids.hpp"
 #include "tether/protocol/notice.hpp"
 #include "tether/protocol/scope.hpp"
-
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <vector>
 
 namespace tether::persistence {
 
@@ -33,8 +33,8 @@ struct owned_job {
   job_id id;
   owner_scope scope;  // supplied by the runtime at admission, never by the model
   owned_state state = owned_state::admitted;
-  std::string preview;           // the scrubbed command preview
-  std::string channel = "api";   // how it was launched: tool | cli | api
+  std::string preview;                                   // the scrubbed command preview
+  std::string channel = "api";                           // how it was launched: tool | cli | api
   std::optional<protocol::shell_completion> completion;  // once terminal
 };
 
@@ -62,12 +62,13 @@ class receipt_reader {
   /// Every receipt, oldest first.
   result<std::vector<receipt>> all_receipts();
   result<std::optional<owned_job>> job(const job_id& id);
-  /// Jobs not yet terminal (admitted or running), oldest first.
+  /// Jobs not yet terminal (admitted or running), oldest first. A row whose
+  /// state word is unknown is refused (errc::corrupt), never skipped.
   result<std::vector<owned_job>> live_jobs();
   /// Every job of one turn, oldest first.
   result<std::vector<owned_job>> jobs_of_turn(const protocol::session_id& thread,
                                               const protocol::turn_id& turn);
-  /// Receipts owed (pending), oldest first.
+  /// Receipts owed (pending), oldest first; an unknown state word is refused.
   result<std::vector<receipt>> pending_receipts();
   result<std::optional<receipt>> receipt_by_id(const event_id& id);
   result<std::vector<receipt>> receipts_of(const job_id& job);

@@ -4,14 +4,14 @@
 // `max_failures` infrastructure failures in a row, never counts the daemon's
 // own answers as such failures, and may extend the sandbox's lease but never
 // shorten it. Every command is a real process in a real tether-sandboxd.
-#include "delivery_support.hpp"
-
 #include "tether/actors/command_route.hpp"
-#include "tether/runtime/clock.hpp"
 
 #include <atomic>
 #include <fstream>
 #include <set>
+
+#include "delivery_support.hpp"
+#include "tether/runtime/clock.hpp"
 
 using namespace tether;
 using namespace tether::test;
@@ -142,10 +142,10 @@ awaitable<result<std::shared_ptr<command_route>>> make_fault_adapter(
 }
 
 // Checks a result, naming its error if it has one.
-#define CHECK_OK(r)                                                   \
-  do {                                                                \
+#define CHECK_OK(r)                                                      \
+  do {                                                                   \
     INFO(#r << ": " << ((r) ? std::string("ok") : (r).error().message)); \
-    CHECK((r).has_value());                                           \
+    CHECK((r).has_value());                                              \
   } while (0)
 
 int lines_in(const std::string& path) {
@@ -158,43 +158,6 @@ int lines_in(const std::string& path) {
 bool same_sandbox(const wire::hello_rep& a, const wire::hello_rep& b) {
   return a.sandbox == b.sandbox && a.generation == b.generation && a.pid == b.pid;
 }
-
-// An agent that launches `req` on its first drain and records the kinds of
-// the later drains' inputs (from job_delivery_test.cpp).
-struct launcher {
-  std::shared_ptr<runtime::one_shot<result<job_id>>> launched =
-      runtime::one_shot<result<job_id>>::make();
-  std::mutex m;
-  std::vector<std::string> seen_kinds;
-
-  void install(delivery_fixture& d, const std::string& s, launch_request req) {
-    d.f.code(s)->fn = [this, req](agent_context& ctx,
-                                  drain_input in) -> boost::asio::awaitable<void> {
-      bool first = false;
-      {
-        std::lock_guard lk(m);
-        for (auto& i : in.inputs)
-          if (i.kind == "prompt" && !launched->ready()) first = true;
-        if (!first)
-          for (auto& i : in.inputs) seen_kinds.push_back(i.kind);
-      }
-      if (!first) co_return;
-      auto r = co_await ctx.launch_job(req);
-      launched->set(r);
-      co_await ctx.say("launched");
-    };
-  }
-  job_id id(delivery_fixture& d) {
-    auto r = d.sync(launched->async_wait(boost::asio::use_awaitable));
-    INFO("launch: " << (r ? std::string("ok") : r.error().message));
-    REQUIRE(r);
-    return *r;
-  }
-  int seen(const std::string& kind) {
-    std::lock_guard lk(m);
-    return static_cast<int>(std::count(seen_kinds.begin(), seen_kinds.end(), kind));
-  }
-};
 
 }  // namespace
 
@@ -253,9 +216,10 @@ TEST_CASE("an adapter that fails twice is retried and runs the job on the third 
   CHECK(lines_in(side) == 1);
 }
 
-TEST_CASE("after three infrastructure failures in a row the channel falls back to the platform "
-          "route on the same sandbox, and the job runs once",
-          "[route]") {
+TEST_CASE(
+    "after three infrastructure failures in a row the channel falls back to the platform "
+    "route on the same sandbox, and the job runs once",
+    "[route]") {
   sandbox_daemon d("route-fallback");
   auto cwd = d.dir().path().string();
   auto side = d.dir().file("side-effect");
@@ -290,8 +254,7 @@ TEST_CASE("after three infrastructure failures in a row the channel falls back t
     CHECK(platform->probe().exec_calls.load() == 1);
     REQUIRE(warnings.size() == 1);
     CHECK_THAT(warnings[0], Catch::Contains("'adapter'") && Catch::Contains("'platform'") &&
-                                Catch::Contains("3 times") &&
-                                Catch::Contains("injected fault") &&
+                                Catch::Contains("3 times") && Catch::Contains("injected fault") &&
                                 Catch::Contains("same sandbox"));
 
     // Everything after the fallback goes to the platform; the adapter is not tried again.
@@ -405,9 +368,10 @@ TEST_CASE("a route failing only waits falls back on the wait; the exec went thro
   CHECK(lines_in(side) == 1);
 }
 
-TEST_CASE("daemon answers such as a missing cwd or an unknown job are returned as is and do not "
-          "count towards the fallback",
-          "[route]") {
+TEST_CASE(
+    "daemon answers such as a missing cwd or an unknown job are returned as is and do not "
+    "count towards the fallback",
+    "[route]") {
   sandbox_daemon d("route-answers");
   auto cwd = d.dir().path().string();
   auto side = d.dir().file("side-effect");
@@ -478,8 +442,9 @@ TEST_CASE("a lease is only ever extended", "[route]") {
   CHECK(l.until_ms() == 1001);
 }
 
-TEST_CASE("an adapter's timeout extends the sandbox's lease when it is longer, and never shortens it",
-          "[route]") {
+TEST_CASE(
+    "an adapter's timeout extends the sandbox's lease when it is longer, and never shortens it",
+    "[route]") {
   sandbox_daemon d("route-lease");
   auto cwd = d.dir().path().string();
   auto body = [&]() -> awaitable<void> {
@@ -534,9 +499,10 @@ TEST_CASE("an adapter's timeout extends the sandbox's lease when it is longer, a
   run(body());
 }
 
-TEST_CASE("through the host, a job launched over a failing adapter runs once on the platform route "
-          "of the same sandbox and its receipt is delivered once",
-          "[route]") {
+TEST_CASE(
+    "through the host, a job launched over a failing adapter runs once on the platform route "
+    "of the same sandbox and its receipt is delivered once",
+    "[route]") {
   delivery_fixture d("route-host");
   auto probe = std::make_shared<route_probe>();
   adapter_config cfg;
@@ -611,13 +577,13 @@ TEST_CASE("through the host, a job launched over a failing adapter runs once on 
   }
   REQUIRE(fallback_warnings.size() == 1);
   CHECK_THAT(fallback_warnings[0], Catch::Contains("'fault-adapter'") &&
-                                       Catch::Contains("'platform'") &&
-                                       Catch::Contains("3 times"));
+                                       Catch::Contains("'platform'") && Catch::Contains("3 times"));
 }
 
-TEST_CASE("requests in flight when the channel falls back move over without counting or warning "
-          "again",
-          "[route]") {
+TEST_CASE(
+    "requests in flight when the channel falls back move over without counting or warning "
+    "again",
+    "[route]") {
   sandbox_daemon d("route-inflight");
   auto cwd = d.dir().path().string();
   auto body = [&]() -> awaitable<void> {
@@ -658,7 +624,8 @@ TEST_CASE("requests in flight when the channel falls back move over without coun
   run(body());
 }
 
-TEST_CASE("a daemon's own I/O error answer is not a route failure: no retry, no fallback", "[route]") {
+TEST_CASE("a daemon's own I/O error answer is not a route failure: no retry, no fallback",
+          "[route]") {
   sandbox_daemon d("route-daemon-io");
   auto cwd = d.dir().path().string();
   auto jobs_dir = d.options().state_dir + "/jobs";
@@ -668,7 +635,10 @@ TEST_CASE("a daemon's own I/O error answer is not a route failure: no retry, no 
     routed_channel ch(platform, adapter, 3, std::make_shared<sandbox_lease>());
     // The daemon cannot create the job's directory: it answers "io".
     std::filesystem::remove_all(jobs_dir);
-    { std::ofstream f(jobs_dir); f << "not a directory"; }
+    {
+      std::ofstream f(jobs_dir);
+      f << "not a directory";
+    }
     auto r = command("true", cwd);
     r.job = job_id("job-daemon-io");
     auto s = co_await ch.exec(std::move(r));
@@ -700,6 +670,7 @@ TEST_CASE("an adapter that cannot attach leaves the platform route serving the s
   REQUIRE(r.has_value());
   CHECK(d.state_of(*r) == owned_state::completed);
   bool warned = false;
-  for (auto& w : d.f.warnings) warned |= w.find("adapter endpoint unreachable") != std::string::npos;
+  for (auto& w : d.f.warnings)
+    warned |= w.find("adapter endpoint unreachable") != std::string::npos;
   CHECK(warned);
 }

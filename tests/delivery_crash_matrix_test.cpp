@@ -6,19 +6,19 @@
 // kill. After a restart on the same database, each job has exactly one
 // terminal receipt, delivered once to its owner, and no command ran twice
 // (every command appends its letter to a side-effect file).
-#include "catch_result.hpp"
-#include "sandbox_support.hpp"
-#include "support.hpp"
-
-#include "tether/persistence/receipt_store.hpp"
-#include "tether/persistence/report_store.hpp"
+#include <sys/wait.h>
 
 #include <csignal>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
-#include <sys/wait.h>
+
+#include "catch_result.hpp"
+#include "sandbox_support.hpp"
+#include "support.hpp"
+#include "tether/persistence/receipt_store.hpp"
+#include "tether/persistence/report_store.hpp"
 
 using namespace tether;
 using persistence::owned_state;
@@ -101,9 +101,10 @@ outcome read_outcome(const std::filesystem::path& dir) {
 
 }  // namespace
 
-TEST_CASE("SIGKILL at every crash point of the delivery path: each job's terminal receipt reaches "
-          "its owner exactly once and no command runs twice",
-          "[crash][delivery]") {
+TEST_CASE(
+    "SIGKILL at every crash point of the delivery path: each job's terminal receipt reaches "
+    "its owner exactly once and no command runs twice",
+    "[crash][delivery]") {
   test::sandbox_daemon daemon("delivery-matrix-sbx");
   test::scratch_dir root("delivery-matrix");
   auto sbx = daemon.options().state_dir;
@@ -158,9 +159,9 @@ TEST_CASE("SIGKILL at every crash point of the delivery path: each job's termina
       REQUIRE(WIFEXITED(r));
       REQUIRE(WEXITSTATUS(r) == 0);
       auto o = read_outcome(dir);
-      CHECK_FALSE(o.claimed);        // the turn settled
-      CHECK(o.pending_inbox == 0);   // everything admitted was taken
-      REQUIRE(o.jobs.size() == 3);   // the replayed turn got its jobs back, no new ones
+      CHECK_FALSE(o.claimed);       // the turn settled
+      CHECK(o.pending_inbox == 0);  // everything admitted was taken
+      REQUIRE(o.jobs.size() == 3);  // the replayed turn got its jobs back, no new ones
       for (auto& [key, j] : o.jobs) {
         INFO("job " << key);
         CHECK(persistence::is_terminal(j.state));
@@ -179,9 +180,11 @@ TEST_CASE("SIGKILL at every crash point of the delivery path: each job's termina
       }
       CHECK(o.ran['A'] == (o.jobs['a'].state == owned_state::completed ? 1 : 0));
       CHECK(o.ran['B'] == (o.jobs['b'].state == owned_state::failed ? 1 : 0));
-      if (o.jobs['a'].state != owned_state::lost) CHECK(o.jobs['a'].state == owned_state::completed);
+      if (o.jobs['a'].state != owned_state::lost)
+        CHECK(o.jobs['a'].state == owned_state::completed);
       if (o.jobs['b'].state != owned_state::lost) CHECK(o.jobs['b'].state == owned_state::failed);
-      if (o.jobs['c'].state != owned_state::lost) CHECK(o.jobs['c'].state == owned_state::cancelled);
+      if (o.jobs['c'].state != owned_state::lost)
+        CHECK(o.jobs['c'].state == owned_state::cancelled);
       ++runs;
     }
   }

@@ -1,10 +1,10 @@
 #pragma once
 // A host whose job queue runs commands in a real tether-sandboxd (our child,
 // in a scratch directory), with helpers to read receipts and transcripts.
+#include <sys/stat.h>
+
 #include "report_support.hpp"
 #include "sandbox_support.hpp"
-
-#include <sys/stat.h>
 
 namespace tether::test {
 
@@ -96,6 +96,44 @@ class delivery_fixture {
   sandbox_daemon daemon;
   report_fixture f;
   std::string work;
+};
+
+// An agent that launches `command` on its first drain and records what the
+// later drains were given.
+struct launcher {
+  std::shared_ptr<runtime::one_shot<result<job_id>>> launched =
+      runtime::one_shot<result<job_id>>::make();
+  std::mutex m;
+  std::vector<std::string> seen_kinds;  // kinds of inputs in drains after the first
+
+  void install(delivery_fixture& d, const std::string& s, launch_request req,
+               std::function<boost::asio::awaitable<void>(agent_context&, job_id)> then = {}) {
+    d.f.code(s)->fn = [this, req, then](agent_context& ctx,
+                                        drain_input in) -> boost::asio::awaitable<void> {
+      bool first = false;
+      {
+        std::lock_guard lk(m);
+        for (auto& i : in.inputs)
+          if (i.kind == "prompt" && !launched->ready()) first = true;
+        if (!first)
+          for (auto& i : in.inputs) seen_kinds.push_back(i.kind);
+      }
+      if (!first) co_return;
+      auto r = co_await ctx.launch_job(req);
+      launched->set(r);
+      if (r && then) co_await then(ctx, *r);
+      co_await ctx.say("launched");
+    };
+  }
+  job_id id(delivery_fixture& d) {
+    auto r = d.sync(launched->async_wait(boost::asio::use_awaitable));
+    REQUIRE(r);
+    return *r;
+  }
+  int seen(const std::string& kind) {
+    std::lock_guard lk(m);
+    return static_cast<int>(std::count(seen_kinds.begin(), seen_kinds.end(), kind));
+  }
 };
 
 }  // namespace tether::test

@@ -7,50 +7,10 @@ using namespace tether;
 using namespace tether::test;
 using protocol::transition;
 
-namespace {
-
-// An agent that launches `command` on its first drain and records what the
-// later drains were given.
-struct launcher {
-  std::shared_ptr<runtime::one_shot<result<job_id>>> launched =
-      runtime::one_shot<result<job_id>>::make();
-  std::mutex m;
-  std::vector<std::string> seen_kinds;  // kinds of inputs in drains after the first
-
-  void install(delivery_fixture& d, const std::string& s, launch_request req,
-               std::function<boost::asio::awaitable<void>(agent_context&, job_id)> then = {}) {
-    d.f.code(s)->fn = [this, req, then](agent_context& ctx,
-                                       drain_input in) -> boost::asio::awaitable<void> {
-      bool first = false;
-      {
-        std::lock_guard lk(m);
-        for (auto& i : in.inputs)
-          if (i.kind == "prompt" && !launched->ready()) first = true;
-        if (!first)
-          for (auto& i : in.inputs) seen_kinds.push_back(i.kind);
-      }
-      if (!first) co_return;
-      auto r = co_await ctx.launch_job(req);
-      launched->set(r);
-      if (r && then) co_await then(ctx, *r);
-      co_await ctx.say("launched");
-    };
-  }
-  job_id id(delivery_fixture& d) {
-    auto r = d.sync(launched->async_wait(boost::asio::use_awaitable));
-    REQUIRE(r);
-    return *r;
-  }
-  int seen(const std::string& kind) {
-    std::lock_guard lk(m);
-    return static_cast<int>(std::count(seen_kinds.begin(), seen_kinds.end(), kind));
-  }
-};
-
-}  // namespace
-
-TEST_CASE("a job's completion is steered into the turn that owns it, which withholds its completion until then",
-          "[delivery]") {
+TEST_CASE(
+    "a job's completion is steered into the turn that owns it, which withholds its completion "
+    "until then",
+    "[delivery]") {
   delivery_fixture d("steer");
   launcher l;
   l.install(d, "s", job("echo hello-from-job"));
@@ -147,8 +107,10 @@ TEST_CASE("a background launch is refused when the turn has notifications disabl
   CHECK(live->empty());
 }
 
-TEST_CASE("cancel is a confirmed kill before the cancelled receipt, and the completion after it is dropped",
-          "[delivery]") {
+TEST_CASE(
+    "cancel is a confirmed kill before the cancelled receipt, and the completion after it is "
+    "dropped",
+    "[delivery]") {
   delivery_fixture d("cancel");
   auto marker = d.work + "/after-sleep";
   launcher l;
@@ -205,7 +167,8 @@ TEST_CASE("with a sandbox configured, a shell the agent starts is a job owned by
           "[delivery]") {
   delivery_fixture d("shell-is-job");
   auto started = runtime::one_shot<result<std::string>>::make();
-  d.f.code("s")->fn = [started](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
+  d.f.code("s")->fn = [started](agent_context& ctx,
+                                drain_input in) -> boost::asio::awaitable<void> {
     if (started->ready()) co_return;
     auto r = co_await ctx.start_shell("echo via-start-shell");
     started->set(r);
@@ -255,9 +218,10 @@ TEST_CASE("an interrupt while the turn waits on its job stops the turn and cance
   d.sync(d.host().jobs().wait_idle());
 }
 
-TEST_CASE("an interrupt in the middle of launching leaves every job launched terminal and "
-          "nothing live",
-          "[delivery]") {
+TEST_CASE(
+    "an interrupt in the middle of launching leaves every job launched terminal and "
+    "nothing live",
+    "[delivery]") {
   delivery_fixture d("interrupt-launch");
   auto first = runtime::one_shot<int>::make();
   auto launched = std::make_shared<std::vector<job_id>>();

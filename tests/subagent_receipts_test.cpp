@@ -15,7 +15,8 @@ struct receipt_line {
 // Every receipt of the database, straight from the table.
 std::vector<receipt_line> all_receipts(report_fixture& f) {
   SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
-  SQLite::Statement q(db, "SELECT id, transition, state, scope FROM receipts ORDER BY created_at, id");
+  SQLite::Statement q(db,
+                      "SELECT id, transition, state, scope FROM receipts ORDER BY created_at, id");
   std::vector<receipt_line> out;
   while (q.executeStep())
     out.push_back({q.getColumn(0).getString(), q.getColumn(1).getString(),
@@ -25,9 +26,10 @@ std::vector<receipt_line> all_receipts(report_fixture& f) {
 
 }  // namespace
 
-TEST_CASE("a background subagent's transitions yield receipts bound to its parent's turn, "
-          "acknowledged with its report",
-          "[delivery][subagent]") {
+TEST_CASE(
+    "a background subagent's transitions yield receipts bound to its parent's turn, "
+    "acknowledged with its report",
+    "[delivery][subagent]") {
   report_fixture f("subagent-receipts");
   f.on("child", 1, {say("audit done")});
   f.parent_spawns("child");
@@ -56,7 +58,8 @@ TEST_CASE("a background subagent's transitions yield receipts bound to its paren
   CHECK(s->turn != *(*parent)->turn);
 }
 
-TEST_CASE("a silenced link's terminal receipt is dropped, never delivered", "[delivery][subagent]") {
+TEST_CASE("a silenced link's terminal receipt is dropped, never delivered",
+          "[delivery][subagent]") {
   report_fixture f("subagent-silenced");
   f.on("child", 1, {say("nobody hears this")});
   f.parent_spawns("child", false);
@@ -68,9 +71,10 @@ TEST_CASE("a silenced link's terminal receipt is dropped, never delivered", "[de
   CHECK(f.inbox("parent").empty());
 }
 
-TEST_CASE("a session cancelling a session that is not its child is told 'not found' and the other "
-          "runs on",
-          "[delivery][subagent]") {
+TEST_CASE(
+    "a session cancelling a session that is not its child is told 'not found' and the other "
+    "runs on",
+    "[delivery][subagent]") {
   report_fixture f("subagent-stranger-cancel");
   f.spawn_blocking_child();  // "parent" owns "child", which blocks until cancelled
   auto answer = runtime::one_shot<result<void>>::make();

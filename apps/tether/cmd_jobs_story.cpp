@@ -10,17 +10,16 @@
 // Every command appends its letter to DIR/side-effects, so a test can prove
 // that no command ran twice. The sandbox daemon lives in DIR/sandbox unless
 // --sandbox SBX names another state directory; it is started if none serves it.
-#include "command.hpp"
-
-#include "tether/actors/host.hpp"
-#include "tether/runtime/sync_wait.hpp"
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <iostream>
+
+#include "command.hpp"
+#include "tether/actors/host.hpp"
+#include "tether/runtime/sync_wait.hpp"
 
 namespace tether::cli {
 namespace {
@@ -59,8 +58,7 @@ class story_agent : public actors::agent {
     auto a = launch("a", "echo A >> " + p_.side() + "; echo built");
     auto ra = co_await ctx.launch_job(std::move(a));
     if (!ra) throw std::runtime_error("launch a: " + ra.error().message);
-    auto b = launch("b", "read -r _ < " + p_.gate() + "; echo B >> " + p_.side() +
-                             "; false | cat");
+    auto b = launch("b", "read -r _ < " + p_.gate() + "; echo B >> " + p_.side() + "; false | cat");
     auto rb = co_await ctx.launch_job(std::move(b));
     if (!rb) throw std::runtime_error("launch b: " + rb.error().message);
     auto c = launch("c", "echo C >> " + p_.side() + "; exec sleep 30");

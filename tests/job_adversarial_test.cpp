@@ -1,0 +1,572 @@
+// Adversarial tests for the owned-job queue (seed 000; DESIGN.md promises 2, 3
+// and 5): strangers asking about a job they do not own, stale and foreign
+// receipts on disk, persisted state that does not parse, a daemon replaced or
+// gone while the host was down, an owner with no proven generation, and a job
+// that finished while the host was down. Every job is a real process in a real
+// tether-sandboxd; rows are tampered with through SQLite on a closed database.
+#include <algorithm>
+#include <fstream>
+
+#include "delivery_support.hpp"
+#include "tether/protocol/scope.hpp"
+
+using namespace tether;
+using namespace tether::test;
+using Catch::Matchers::Contains;
+using protocol::owner_scope;
+using protocol::transition;
+
+namespace {
+
+// ---- agents ------------------------------------------------------------------------------
+
+// An agent whose drains do nothing: prompting its session opens a turn.
+void idle_agent(delivery_fixture& d, const std::string& s) {
+  d.f.code(s)->fn = [](agent_context&, drain_input) -> boost::asio::awaitable<void> { co_return; };
+}
+
+// Prompts `s`, waits for the turn to settle and returns that turn's scope as
+// the runtime supplies it.
+owner_scope take_turn(delivery_fixture& d, const session_id& s, const std::string& text) {
+  REQUIRE(d.sync(d.host().prompt(s, text)));
+  REQUIRE(d.sync(d.host().wait_idle(s)));
+  auto scope = d.host().scope_of(s);
+  REQUIRE(scope);
+  return *scope;
+}
+
+// Waits until no job is live, no delivery is in flight and nothing runs.
+void settle_all(delivery_fixture& d) {
+  d.sync(d.host().jobs().wait_idle());
+  d.f.quiet();
+}
+
+owner_scope scope_of_job(delivery_fixture& d, const job_id& j) {
+  auto r = d.host().receipts().job(j);
+  REQUIRE(r);
+  REQUIRE(*r);
+  return (*r)->scope;
+}
+
+std::string scope_text(const owner_scope& s) {
+  return protocol::to_text(protocol::to_json(s));
+}
+
+// ---- the sandbox daemon --------------------------------------------------------------------
+
+// Stops the daemon and starts it again as the next generation of the same sandbox.
+void replace_daemon(delivery_fixture& d) {
+  d.daemon.stop();
+  d.daemon.options().replace = true;
+  d.daemon.start();
+  d.daemon.options().replace = false;
+}
+
+boost::asio::awaitable<wire::hello_rep> hello_of(std::string socket) {
+  auto c = co_await connect(socket, wire::conn_mode::read_only);
+  auto h = c->hello();
+  c->close();
+  co_return h;
+}
+
+// Every job the daemon knows.
+boost::asio::awaitable<std::vector<wire::job_summary>> daemon_jobs(std::string socket) {
+  auto c = co_await connect(socket, wire::conn_mode::read_only);
+  auto l = co_await c->list();
+  REQUIRE(l.has_value());
+  c->close();
+  co_return l->jobs;
+}
+
+// True while the daemon still runs `j`.
+boost::asio::awaitable<bool> daemon_runs(std::string socket, job_id j) {
+  auto c = co_await connect(socket, wire::conn_mode::read_only);
+  auto p = co_await c->poll(j);
+  INFO("poll " << j.str() << ": " << (p ? std::string("ok") : p.error().message));
+  REQUIRE(p.has_value());
+  c->close();
+  co_return !p->has_value();
+}
+
+// Whether anything answers on `socket` (connecting never starts a daemon).
+boost::asio::awaitable<bool> daemon_answers(std::string socket) {
+  auto c = co_await sandbox_client::connect(socket, wire::conn_mode::read_only, "tether_tests");
+  if (c) (*c)->close();
+  co_return c.has_value();
+}
+
+// Follows `j` in the daemon (read-only, as an observer) until it ends.
+boost::asio::awaitable<protocol::shell_completion> daemon_wait(std::string socket, job_id j) {
+  auto c = co_await connect(socket, wire::conn_mode::read_only);
+  auto done = co_await c->wait(j);
+  INFO("wait " << j.str() << ": " << (done ? std::string("ok") : done.error().message));
+  REQUIRE(done.has_value());
+  c->close();
+  co_return *done;
+}
+
+// ---- the database, with the host closed -----------------------------------------------------
+
+std::string db_path(delivery_fixture& d) {
+  return d.f.dir.file("tether.db");
+}
+
+void exec_sql(const std::string& db, const std::string& sql,
+              const std::vector<std::string>& binds) {
+  SQLite::Database c(db, SQLite::OPEN_READWRITE);
+  SQLite::Statement st(c, sql);
+  for (std::size_t i = 0; i < binds.size(); ++i) st.bind(static_cast<int>(i + 1), binds[i]);
+  INFO(sql);
+  REQUIRE(st.exec() == 1);
+}
+
+// One column of the row `id` of `table`, as text ("<none>" without such a row).
+std::string column_of(const std::string& db, const std::string& table, const std::string& id,
+                      const std::string& column) {
+  SQLite::Database c(db, SQLite::OPEN_READWRITE);
+  SQLite::Statement q(c, "SELECT " + column + " FROM " + table + " WHERE id = ?");
+  q.bind(1, id);
+  if (!q.executeStep()) return "<none>";
+  return q.getColumn(0).getString();
+}
+
+// Every row of `table`, each column as its storage type and its bytes: equal
+// dumps mean the table was not touched.
+std::vector<std::string> dump(const std::string& db, const std::string& table) {
+  SQLite::Database c(db, SQLite::OPEN_READWRITE);
+  SQLite::Statement q(c, "SELECT * FROM " + table + " ORDER BY id");
+  std::vector<std::string> rows;
+  while (q.executeStep()) {
+    std::string row;
+    for (int i = 0; i < q.getColumnCount(); ++i) {
+      auto col = q.getColumn(i);
+      int type = col.getType();  // before any conversion
+      std::string bytes = col.isNull() ? ""
+                                       : std::string(static_cast<const char*>(col.getBlob()),
+                                                     static_cast<std::size_t>(col.getBytes()));
+      row += std::string(q.getColumnName(i)) + "(" + std::to_string(type) + ")=" + bytes + "|";
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+std::map<std::string, std::vector<std::string>> dump_job_tables(const std::string& db) {
+  return {{"owned_jobs", dump(db, "owned_jobs")},
+          {"receipts", dump(db, "receipts")},
+          {"sandboxes", dump(db, "sandboxes")}};
+}
+
+// A receipt row written by hand, as a crash or an older build might have left it.
+void insert_receipt(const std::string& db, const job_id& j, transition t, const std::string& scope,
+                    const std::string& body, const std::string& state = "pending") {
+  SQLite::Database c(db, SQLite::OPEN_READWRITE);
+  SQLite::Statement st(
+      c,
+      "INSERT INTO receipts (id, job_id, transition, scope, body, state, created_at, "
+      "updated_at) VALUES (?, ?, ?, ?, ?, ?, 1, 1)");
+  st.bind(1, protocol::make_event_id(j, t).str());
+  st.bind(2, j.str());
+  st.bind(3, std::string(protocol::to_string(t)));
+  st.bind(4, scope);
+  st.bind(5, body);
+  st.bind(6, state);
+  REQUIRE(st.exec() == 1);
+}
+
+int lines_in(const std::string& path) {
+  std::ifstream f(path);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return static_cast<int>(std::count(all.begin(), all.end(), '\n'));
+}
+
+bool warned(delivery_fixture& d, const std::string& a, const std::string& b) {
+  std::lock_guard lk(d.f.m);
+  for (auto& w : d.f.warnings)
+    if (w.find(a) != std::string::npos && w.find(b) != std::string::npos) return true;
+  return false;
+}
+
+std::string all_warnings(delivery_fixture& d) {
+  std::lock_guard lk(d.f.m);
+  std::string out;
+  for (auto& w : d.f.warnings) out += "  " + w + "\n";
+  return out;
+}
+
+}  // namespace
+
+// ---- 1. only the owner ---------------------------------------------------------------------
+
+TEST_CASE("a stranger asking about a job it does not own is told 'not found', and the job runs on",
+          "[adversarial]") {
+  delivery_fixture d("adv-stranger");
+  idle_agent(d, "other-tenant");
+  idle_agent(d, "other-thread");
+  // Setting a tenant reopens the host, so the stranger sessions come first.
+  auto tenant_b = d.session("other-tenant", "tenant-b");
+  auto other_thread = d.session("other-thread");
+  launcher l;
+  l.install(d, "owner", job("sleep 30"));
+  auto owner = d.session("owner");
+  // report_now: the launching turn settles while its job runs, so the same
+  // thread can take a second turn.
+  REQUIRE(d.sync(d.host().set_job_policy(owner, true, "report_now")));
+  auto first_turn = take_turn(d, owner, "build it");
+  auto j = l.id(d);
+  REQUIRE(d.state_of(j) == owned_state::running);
+  auto second_turn = take_turn(d, owner, "anything else?");
+  REQUIRE(second_turn.turn != first_turn.turn);
+
+  auto forged = first_turn;  // the owner's thread and turn, under another tenant
+  forged.tenant = protocol::tenant_id("tenant-b");
+  struct stranger {
+    std::string who;
+    owner_scope scope;
+  };
+  std::vector<stranger> strangers = {
+      {"a session of another tenant", take_turn(d, tenant_b, "hello")},
+      {"another tenant naming the owner's thread and turn", forged},
+      {"a later turn of the owner's thread", second_turn},
+      {"another thread of the owner's tenant", take_turn(d, other_thread, "hello")},
+  };
+
+  // What a job that does not exist gets: the stranger must hear exactly this.
+  auto ghost = d.sync(d.host().jobs().status(first_turn, job_id("job_never_launched")));
+  REQUIRE_FALSE(ghost);
+  REQUIRE(ghost.error().code == errc::not_found);
+  REQUIRE(ghost.error().message == "job 'job_never_launched' not found");
+  const std::string expected = "job '" + j.str() + "' not found";
+
+  for (auto& s : strangers) {
+    INFO("caller: " << s.who << " (tenant " << s.scope.tenant.str() << ", thread "
+                    << s.scope.thread.str() << ", turn " << s.scope.turn.str()
+                    << "); expected errc::not_found with \"" << expected << "\"");
+    auto st = d.sync(d.host().jobs().status(s.scope, j));
+    REQUIRE_FALSE(st);
+    CHECK(st.error().code == errc::not_found);
+    CHECK(st.error().message == expected);
+    auto w = d.sync(d.host().jobs().wait(s.scope, j));
+    REQUIRE_FALSE(w);
+    CHECK(w.error().code == errc::not_found);
+    CHECK(w.error().message == expected);
+    auto c = d.sync(d.host().jobs().cancel(s.scope, j));
+    REQUIRE_FALSE(c);
+    CHECK(c.error().code == errc::not_found);
+    CHECK(c.error().message == expected);
+    auto stopped = d.sync(d.host().jobs().stop_turn(s.scope));
+    REQUIRE(stopped);
+    CHECK(*stopped == 0);
+  }
+
+  // Unaffected: still running in the queue and in the daemon, no cancelled receipt.
+  {
+    INFO("expected the job untouched by the strangers' calls");
+    CHECK(d.state_of(j) == owned_state::running);
+    CHECK(d.receipt_state_of(j, transition::cancelled) == "none");
+    CHECK(d.receipts(j).size() == 1);  // `started` only
+    CHECK(run(daemon_runs(d.daemon.socket(), j)));
+    auto mine = d.sync(d.host().jobs().status(first_turn, j));
+    REQUIRE(mine);
+    CHECK(mine->state == owned_state::running);
+  }
+
+  // Its owner cleans it up.
+  auto v = d.sync(d.host().jobs().cancel(first_turn, j));
+  REQUIRE(v);
+  CHECK(v->state == owned_state::cancelled);
+  settle_all(d);
+  CHECK(d.state_of(j) == owned_state::cancelled);
+  CHECK(d.receipt_state_of(j, transition::cancelled) != "none");
+  CHECK_FALSE(run(daemon_runs(d.daemon.socket(), j)));
+  // Strangers' sessions never heard of it.
+  CHECK(d.transcript_count("other-tenant", "notice", j.str()) == 0);
+  CHECK(d.transcript_count("other-thread", "notice", j.str()) == 0);
+}
+
+// ---- 2. stale and foreign receipts ----------------------------------------------------------
+
+TEST_CASE(
+    "pending receipts of an older sandbox generation or of another tenant are dropped at boot, "
+    "not delivered",
+    "[adversarial]") {
+  delivery_fixture d("adv-stale");
+  launcher first, second;
+  first.install(d, "s1", job("echo first-generation"));
+  second.install(d, "s2", job("echo second-generation"));
+  auto s1 = d.session("s1");
+  auto s2 = d.session("s2");
+  REQUIRE(d.sync(d.host().prompt(s1, "build")));
+  REQUIRE(d.sync(d.host().wait_idle(s1)));
+  auto j1 = first.id(d);
+  REQUIRE(d.receipt_state_of(j1, transition::completed) == "acked");
+
+  // The sandbox is replaced while the host is down; the next job binds the new generation.
+  d.f.close();
+  replace_daemon(d);
+  d.f.open();
+  REQUIRE(d.sync(d.host().prompt(s2, "build")));
+  REQUIRE(d.sync(d.host().wait_idle(s2)));
+  auto j2 = second.id(d);
+  REQUIRE(d.receipt_state_of(j2, transition::completed) == "acked");
+  auto scope1 = scope_of_job(d, j1);
+  auto scope2 = scope_of_job(d, j2);
+  REQUIRE(scope2.sandbox == scope1.sandbox);
+  REQUIRE(scope2.generation == scope1.generation + 1);
+  d.f.close();
+
+  auto db = db_path(d);
+  REQUIRE(column_of(db, "sandboxes", scope2.sandbox.str(), "generation") ==
+          std::to_string(scope2.generation));
+  // Its job's own scope, from the generation before the bound one.
+  insert_receipt(db, j1, transition::lost, scope_text(scope1), "body-of-an-older-generation");
+  // The current job, but another tenant than its owner.
+  auto foreign = scope2;
+  foreign.tenant = protocol::tenant_id("tenant-evil");
+  insert_receipt(db, j2, transition::lost, scope_text(foreign), "body-of-another-tenant");
+  // The current job, claiming the older generation.
+  auto older = scope2;
+  older.generation = scope1.generation;
+  insert_receipt(db, j2, transition::failed, scope_text(older),
+                 "body-of-the-current-job-older-gen");
+  std::vector<protocol::event_id> stale = {protocol::make_event_id(j1, transition::lost),
+                                           protocol::make_event_id(j2, transition::lost),
+                                           protocol::make_event_id(j2, transition::failed)};
+
+  d.f.open();
+  settle_all(d);
+  INFO("warnings:\n" << all_warnings(d));
+  CHECK(d.f.boot.jobs.dropped == 3);
+  CHECK(d.f.boot.jobs.redelivered == 0);
+  CHECK(d.f.boot.jobs.warnings.size() == 3);
+  for (auto& id : stale) {
+    INFO("receipt " << id.str() << ": expected state 'dropped' and a warning naming it");
+    auto r = d.host().receipts().receipt_by_id(id);
+    REQUIRE(r);
+    REQUIRE(*r);
+    CHECK((*r)->state == receipt_state::dropped);
+    CHECK(warned(d, id.str(), "dropped"));
+  }
+  for (auto s : {"s1", "s2"}) {
+    INFO("session " << s << ": expected none of the stale bodies in its transcript or inbox");
+    for (auto body : {"body-of-an-older-generation", "body-of-another-tenant",
+                      "body-of-the-current-job-older-gen"}) {
+      CHECK(d.transcript_count(s, "notice", body) == 0);
+      for (auto& row : d.f.inbox(s)) CHECK(row.body.find(body) == std::string::npos);
+    }
+  }
+  // The one whose scope is its job's own is refused for its generation alone.
+  CHECK(warned(d, stale[0].str(), "older than the bound " + std::to_string(scope2.generation)));
+  // The receipts that were delivered before stay as they were.
+  CHECK(d.receipt_state_of(j1, transition::completed) == "acked");
+  CHECK(d.receipt_state_of(j2, transition::completed) == "acked");
+  CHECK(d.transcript_count("s1", "notice", j1.str()) == 1);
+  CHECK(d.transcript_count("s2", "notice", j2.str()) == 1);
+}
+
+// ---- 3. persisted state that does not parse -------------------------------------------------
+
+TEST_CASE(
+    "persisted job state that does not parse refuses the boot and is left byte for byte as it was",
+    "[adversarial]") {
+  delivery_fixture d("adv-corrupt");
+  auto gate = d.fifo("gate");
+  launcher l;
+  l.install(d, "s", job("cat " + gate));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().set_job_policy(s, true, "report_now")));
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  REQUIRE(d.sync(d.host().wait_idle(s)));
+  auto j = l.id(d);
+  REQUIRE(d.state_of(j) == owned_state::running);
+  auto scope = scope_of_job(d, j);
+  d.f.close();
+  auto db = db_path(d);
+
+  std::string tampered, table, key, field, job_state_after = "running";
+  SECTION("owned_jobs.scope cut off mid-JSON") {
+    tampered = "owned_jobs.scope cut off mid-JSON";
+    exec_sql(db, "UPDATE owned_jobs SET scope = substr(scope, 1, length(scope) / 2) WHERE id = ?",
+             {j.str()});
+    table = "owned_jobs", key = j.str(), field = "scope";
+  }
+  SECTION("owned_jobs.state a word that is no state") {
+    tampered = "owned_jobs.state set to 'exploded'";
+    exec_sql(db, "UPDATE owned_jobs SET state = 'exploded' WHERE id = ?", {j.str()});
+    table = "owned_jobs", key = j.str(), field = "state", job_state_after = "exploded";
+  }
+  SECTION("a pending receipt whose scope is garbled") {
+    tampered = "a pending receipt with a garbled scope";
+    auto garbled = scope_text(scope);
+    auto at = garbled.find("\"generation\":");
+    REQUIRE(at != std::string::npos);
+    garbled.replace(at, std::string("\"generation\":").size(), "\"generation\":\"one\",\"x\":");
+    insert_receipt(db, j, transition::lost, garbled, "body-of-a-garbled-receipt");
+    table = "receipts", key = protocol::make_event_id(j, transition::lost).str(), field = "scope";
+  }
+  SECTION("a receipt whose state is a word that is no state") {
+    tampered = "receipts.state of the started receipt set to 'exploded'";
+    auto started = protocol::make_event_id(j, transition::started).str();
+    exec_sql(db, "UPDATE receipts SET state = 'exploded' WHERE id = ?", {started});
+    table = "receipts", key = started, field = "state";
+  }
+
+  INFO("tampered: " << tampered << "; expected the boot to be refused");
+  auto before = dump_job_tables(db);
+  auto e = d.f.refused_boot();
+  INFO("expected errc::corrupt naming table '" << table << "', key '" << key << "' and field '"
+                                               << field << "'; got " << to_string(e.code) << ": "
+                                               << e.message);
+  CHECK(e.code == errc::corrupt);
+  CHECK_THAT(e.message, Contains("table '" + table + "'"));
+  CHECK_THAT(e.message, Contains("key '" + key + "'"));
+  CHECK_THAT(e.message, Contains("': " + field + ":"));
+  // Nothing was repaired, dropped or discarded.
+  CHECK(dump_job_tables(db) == before);
+  CHECK(column_of(db, "owned_jobs", j.str(), "state") == job_state_after);
+}
+
+// ---- 4. the sandbox changed while the host was down ------------------------------------------
+
+TEST_CASE(
+    "a daemon replaced by a new generation while the host was down refuses the boot and keeps "
+    "the owner",
+    "[adversarial]") {
+  delivery_fixture d("adv-replaced");
+  launcher l;
+  l.install(d, "s", job("sleep 30"));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  auto j = l.id(d);
+  REQUIRE(d.state_of(j) == owned_state::running);
+  auto scope = scope_of_job(d, j);
+  d.f.close();  // shutdown keeps the running row
+  replace_daemon(d);
+  auto now = run(hello_of(d.daemon.socket()));
+  REQUIRE(now.sandbox == scope.sandbox);
+  REQUIRE(now.generation == scope.generation + 1);
+
+  auto e = d.f.refused_boot();
+  INFO("got " << to_string(e.code) << ": " << e.message);
+  CHECK(e.code == errc::refused);
+  CHECK_THAT(e.message, Contains("'" + j.str() + "'"));
+  CHECK_THAT(e.message, Contains("generation " + std::to_string(scope.generation) + ","));
+  CHECK_THAT(e.message, Contains("generation " + std::to_string(now.generation)));
+  CHECK_THAT(e.message, Contains("the outstanding owner was retained"));
+  CHECK_THAT(e.message, Contains("no new work was started"));
+  auto db = db_path(d);
+  CHECK(column_of(db, "owned_jobs", j.str(), "state") == "running");
+  CHECK(column_of(db, "sandboxes", scope.sandbox.str(), "generation") ==
+        std::to_string(scope.generation));
+  // Nothing ran on the new generation.
+  CHECK(run(daemon_jobs(d.daemon.socket())).empty());
+}
+
+TEST_CASE("a daemon that is gone while the host was down refuses the boot and keeps the owner",
+          "[adversarial]") {
+  delivery_fixture d("adv-gone");
+  launcher l;
+  l.install(d, "s", job("sleep 30"));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  auto j = l.id(d);
+  REQUIRE(d.state_of(j) == owned_state::running);
+  auto scope = scope_of_job(d, j);
+  d.f.close();
+  d.daemon.stop();  // and not started again
+
+  auto e = d.f.refused_boot();
+  INFO("got " << to_string(e.code) << ": " << e.message);
+  CHECK(e.code == errc::refused);
+  CHECK_THAT(e.message, Contains("'" + j.str() + "'"));
+  CHECK_THAT(e.message, Contains("generation " + std::to_string(scope.generation)));
+  CHECK_THAT(e.message, Contains("cannot be reached"));
+  CHECK_THAT(e.message, Contains("the outstanding owner was retained"));
+  CHECK_THAT(e.message, Contains("no new work was started"));
+  CHECK(column_of(db_path(d), "owned_jobs", j.str(), "state") == "running");
+  // Recovery never provisions: no daemon was started in its place.
+  CHECK_FALSE(run(daemon_answers(actors::socket_path_for(d.daemon.options().state_dir))));
+}
+
+// ---- 5. no proven generation ----------------------------------------------------------------
+
+TEST_CASE("a saved owner with no proven sandbox generation refuses the boot", "[adversarial]") {
+  delivery_fixture d("adv-unproven");
+  auto s = d.session("s");
+  auto daemon = run(hello_of(d.daemon.socket()));
+  d.f.close();
+  // Admitted on a named sandbox, but generation 0: dispatch may or may not have happened.
+  owner_scope o;
+  o.tenant = protocol::tenant_id("default");
+  o.thread = s;
+  o.turn = protocol::turn_id("turn_unproven");
+  o.sandbox = daemon.sandbox;
+  o.generation = 0;
+  auto db = db_path(d);
+  exec_sql(db,
+           "INSERT INTO owned_jobs (id, tenant, thread, turn, scope, state, command, created_at, "
+           "updated_at) VALUES ('job_unproven', 'default', ?, 'turn_unproven', ?, 'admitted', "
+           "'{\"preview\":\"make\",\"channel\":\"tool\"}', 1, 1)",
+           {s.str(), scope_text(o)});
+
+  auto e = d.f.refused_boot();
+  INFO("got " << to_string(e.code) << ": " << e.message);
+  CHECK(e.code == errc::refused);
+  CHECK_THAT(e.message, Contains("'job_unproven'"));
+  CHECK_THAT(e.message, Contains("no proven sandbox generation"));
+  CHECK_THAT(e.message, Contains("the outstanding owner was retained"));
+  CHECK_THAT(e.message, Contains("no new work was started"));
+  CHECK(column_of(db, "owned_jobs", "job_unproven", "state") == "admitted");
+  CHECK(run(daemon_jobs(d.daemon.socket())).empty());
+}
+
+// ---- 6. finished while the host was down -----------------------------------------------------
+
+TEST_CASE(
+    "a job that finished while the host was down yields exactly one terminal receipt, "
+    "delivered once",
+    "[adversarial]") {
+  delivery_fixture d("adv-finished-down");
+  auto gate = d.fifo("gate");
+  auto side = d.work + "/side-effect";
+  launcher l;
+  l.install(d, "s", job("cat " + gate + "; echo X >> " + side));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "build")));
+  auto j = l.id(d);
+  REQUIRE(d.state_of(j) == owned_state::running);
+  d.f.close();  // the turn was withholding its completion for the job
+
+  d.release(gate);
+  auto done = run(daemon_wait(d.daemon.socket(), j));
+  REQUIRE(done.status.state == protocol::job_state::exited);
+  REQUIRE(done.status.exit_code == 0);
+
+  auto check_once = [&](const std::string& when) {
+    INFO(when << ": expected one completed receipt, acknowledged, one notice and one side effect");
+    auto rs = d.receipts(j);
+    int terminal = 0;
+    for (auto& r : rs)
+      if (r.transition != transition::started) ++terminal;
+    CHECK(terminal == 1);
+    CHECK(rs.size() == 2);
+    CHECK(d.state_of(j) == owned_state::completed);
+    CHECK(d.receipt_state_of(j, transition::completed) == "acked");
+    CHECK(d.transcript_count("s", "notice", j.str()) == 1);
+    CHECK(lines_in(side) == 1);
+  };
+
+  d.f.open();
+  CHECK(d.f.boot.jobs.finished_while_down == 1);
+  CHECK(d.f.boot.jobs.reattached == 0);
+  CHECK(d.f.boot.jobs.lost == 0);
+  settle_all(d);
+  check_once("after the first restart");
+
+  d.f.restart();
+  CHECK(d.f.boot.jobs.finished_while_down == 0);
+  CHECK(d.f.boot.jobs.redelivered == 0);
+  CHECK(d.f.boot.jobs.dropped == 0);
+  settle_all(d);
+  check_once("after the second restart");
+}
