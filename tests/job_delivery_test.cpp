@@ -252,3 +252,30 @@ TEST_CASE(
     CHECK(j.state == owned_state::cancelled);
   }
 }
+
+TEST_CASE("a dropped connection to the daemon is not a failed job: the queue follows it again",
+          "[delivery]") {
+  delivery_fixture d("reconnect");
+  auto gate = d.fifo("gate");
+  launcher l;
+  l.install(d, "s", job("cat " + gate + "; echo after-reconnect"));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().set_job_policy(s, true, "report_now")));
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  auto j = l.id(d);
+  REQUIRE(d.sync(d.host().wait_idle(s)));
+  // Cut the queue's connections (on the queue's executor, where they live).
+  auto cut = [](actors::job_queue* q) -> boost::asio::awaitable<void> {
+    q->channel()->close();
+    co_return;
+  };
+  d.sync(cut(&d.host().jobs()));
+  d.release(gate);
+  d.sync(d.host().jobs().wait_idle());
+  d.f.quiet();
+  CHECK(d.state_of(j) == owned_state::completed);
+  CHECK(d.transcript_count("s", "notice", "after-reconnect") == 1);
+  auto sbx = d.host().jobs().sandbox();
+  REQUIRE(sbx);
+  CHECK(sbx->second >= 1);  // the same sandbox generation, reattached
+}
