@@ -25,6 +25,15 @@ std::string sqlite_message(const std::exception& e) {
   return e.what();
 }
 
+error corrupt_row(std::string_view table, const std::string& key, const std::string& problem) {
+  return error{errc::corrupt, "refusing persisted state: table '" + std::string(table) + "' key '" +
+                                  key + "': " + problem + "; the row was left as it is"};
+}
+
+error read_error(std::string_view what, const std::exception& e) {
+  return error{errc::io, std::string(what) + ": " + sqlite_message(e)};
+}
+
 int latest_schema_version() { return static_cast<int>(migrations().size()); }
 
 namespace {

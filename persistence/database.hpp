@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -84,5 +85,11 @@ class reader_pool {
 
 /// "what SQLite said", with the extended code.
 std::string sqlite_message(const std::exception& e);
+
+/// A row that does not parse: refused, naming table, key and problem, and left as it is.
+error corrupt_row(std::string_view table, const std::string& key, const std::string& problem);
+
+/// A read that SQLite failed: what was being read, and what SQLite said.
+error read_error(std::string_view what, const std::exception& e);
 
 }  // namespace tether::persistence

@@ -66,15 +66,6 @@ std::string_view to_string(receipt_state s) {
 
 namespace {
 
-error corrupt(std::string_view table, const std::string& key, const std::string& problem) {
-  return error{errc::corrupt, "refusing persisted state: table '" + std::string(table) + "' key '" +
-                                  key + "': " + problem + "; the row was left as it is"};
-}
-
-error read_failed(std::string_view what, const std::exception& e) {
-  return error{errc::io, std::string(what) + ": " + sqlite_message(e)};
-}
-
 template <class E>
 bool parse_enum(const std::string& text, E& out, std::initializer_list<E> all) {
   for (auto e : all)
@@ -94,21 +85,21 @@ result<owned_job> decode_job(SQLite::Statement& q) {
   auto scope = protocol::decode_text<owner_scope>(
       q.getColumn(1).getString(),
       [](const json::value& v) { return protocol::scope_from_json(v); });
-  if (!scope) return corrupt("owned_jobs", key, "scope: " + scope.error().describe());
+  if (!scope) return corrupt_row("owned_jobs", key, "scope: " + scope.error().describe());
   j.scope = std::move(*scope);
   auto state = q.getColumn(2).getString();
   using S = owned_state;
   if (!parse_enum(state, j.state,
                   {S::admitted, S::running, S::completed, S::failed, S::cancelled, S::lost}))
-    return corrupt("owned_jobs", key, "state: unknown value '" + state + "'");
+    return corrupt_row("owned_jobs", key, "state: unknown value '" + state + "'");
   auto command = protocol::parse_json(q.getColumn(3).getString());
-  if (!command) return corrupt("owned_jobs", key, "command: " + command.error().describe());
+  if (!command) return corrupt_row("owned_jobs", key, "command: " + command.error().describe());
   auto f = protocol::fields::of(*command, "command");
-  if (!f) return corrupt("owned_jobs", key, f.error().describe());
+  if (!f) return corrupt_row("owned_jobs", key, f.error().describe());
   auto preview = f->str("preview");
-  if (!preview) return corrupt("owned_jobs", key, preview.error().describe());
+  if (!preview) return corrupt_row("owned_jobs", key, preview.error().describe());
   auto channel = f->str("channel");
-  if (!channel) return corrupt("owned_jobs", key, channel.error().describe());
+  if (!channel) return corrupt_row("owned_jobs", key, channel.error().describe());
   j.preview = std::move(*preview);
   j.channel = std::move(*channel);
   if (!q.getColumn(4).isNull()) {
@@ -116,7 +107,7 @@ result<owned_job> decode_job(SQLite::Statement& q) {
         q.getColumn(4).getString(), [](const json::value& v) {
           return protocol::sandbox::completion_from_json(v, "completion");
         });
-    if (!c) return corrupt("owned_jobs", key, c.error().describe());
+    if (!c) return corrupt_row("owned_jobs", key, c.error().describe());
     j.completion = std::move(*c);
   }
   return j;
@@ -131,20 +122,20 @@ result<receipt> decode_receipt(SQLite::Statement& q) {
   r.job = job_id(q.getColumn(1).getString());
   auto t = q.getColumn(2).getString();
   if (!protocol::parse(t, r.transition))
-    return corrupt("receipts", key, "transition: unknown value '" + t + "'");
+    return corrupt_row("receipts", key, "transition: unknown value '" + t + "'");
   if (r.id != protocol::make_event_id(r.job, r.transition))
-    return corrupt("receipts", key,
+    return corrupt_row("receipts", key,
                    "id: does not match job '" + r.job.str() + "' and transition '" + t + "'");
   auto scope = protocol::decode_text<owner_scope>(
       q.getColumn(3).getString(),
       [](const json::value& v) { return protocol::scope_from_json(v); });
-  if (!scope) return corrupt("receipts", key, "scope: " + scope.error().describe());
+  if (!scope) return corrupt_row("receipts", key, "scope: " + scope.error().describe());
   r.scope = std::move(*scope);
   r.body = q.getColumn(4).getString();
   auto state = q.getColumn(5).getString();
   using S = receipt_state;
   if (!parse_enum(state, r.state, {S::pending, S::acked, S::read, S::dropped}))
-    return corrupt("receipts", key, "state: unknown value '" + state + "'");
+    return corrupt_row("receipts", key, "state: unknown value '" + state + "'");
   r.created_at = q.getColumn(6).getInt64();
   return r;
 }
@@ -164,7 +155,7 @@ result<std::vector<T>> read_all(reader_pool& readers, const std::string& sql, st
     }
     return out;
   } catch (const std::exception& e) {
-    return read_failed(what, e);
+    return read_error(what, e);
   }
 }
 
@@ -268,7 +259,7 @@ result<std::optional<std::uint64_t>> receipt_reader::bound_generation(
     const protocol::sandbox_id& sandbox) {
   auto decode = [](SQLite::Statement& q) -> result<std::uint64_t> {
     auto g = q.getColumn(0).getInt64();
-    if (g < 0) return corrupt("sandboxes", q.getColumn(1).getString(), "generation: negative");
+    if (g < 0) return corrupt_row("sandboxes", q.getColumn(1).getString(), "generation: negative");
     return static_cast<std::uint64_t>(g);
   };
   return first_of(

@@ -24,15 +24,6 @@ std::string_view to_string(job_status s) {
 
 namespace {
 
-error corrupt(std::string_view table, const std::string& key, const std::string& problem) {
-  return error{errc::corrupt, "refusing persisted state: table '" + std::string(table) + "' key '" +
-                                  key + "': " + problem + "; the row was left as it is"};
-}
-
-error read_failed(std::string_view what, const std::exception& e) {
-  return error{errc::io, std::string(what) + ": " + sqlite_message(e)};
-}
-
 void bind_opt(SQLite::Statement& st, int i, const std::optional<session_id>& v) {
   if (v)
     st.bind(i, v->str());
@@ -197,11 +188,11 @@ result<message_row> decode_message(const std::string& session, SQLite::Statement
   m.status = q.getColumn(3).getString();
   std::string key = session + "/" + std::to_string(m.seq);
   if (m.status != "completed" && m.status != "error")
-    return corrupt("messages", key, "status: unknown value '" + m.status + "'");
+    return corrupt_row("messages", key, "status: unknown value '" + m.status + "'");
   auto p = protocol::decode_text<protocol::message_payload>(
       q.getColumn(4).getString(), 
       [](const json::value& v) { return protocol::message_payload_from_json(v); });
-  if (!p) return corrupt("messages", key, p.error().describe());
+  if (!p) return corrupt_row("messages", key, p.error().describe());
   m.text = std::move(p->text);
   return m;
 }
@@ -219,7 +210,7 @@ result<session_row> decode_session(SQLite::Statement& q) {
   r.agent = q.getColumn(4).getString();
   auto status = q.getColumn(5).getString();
   if (status != "idle" && status != "busy")
-    return corrupt("sessions", r.id.str(), "status: unknown value '" + status + "'");
+    return corrupt_row("sessions", r.id.str(), "status: unknown value '" + status + "'");
   r.busy = status == "busy";
   if (!q.getColumn(6).isNull()) r.time_suspended = q.getColumn(6).getInt64();
   r.resume_attempts = q.getColumn(7).getInt();
@@ -232,7 +223,7 @@ result<session_row> decode_session(SQLite::Statement& q) {
   r.job_notify = q.getColumn(14).getInt() != 0;
   r.job_policy = q.getColumn(15).getString();
   if (r.job_policy != "withhold" && r.job_policy != "report_now")
-    return corrupt("sessions", r.id.str(), "job_policy: unknown value '" + r.job_policy + "'");
+    return corrupt_row("sessions", r.id.str(), "job_policy: unknown value '" + r.job_policy + "'");
   return r;
 }
 
@@ -249,9 +240,9 @@ result<job_row> decode_job(SQLite::Statement& q) {
   r.body = opt_text(q.getColumn(8));
   const auto& key = r.id.str();
   if (r.kind != "subagent" && r.kind != "shell")
-    return corrupt("jobs", key, "kind: unknown value '" + r.kind + "'");
+    return corrupt_row("jobs", key, "kind: unknown value '" + r.kind + "'");
   if (r.mode != "background" && r.mode != "none")
-    return corrupt("jobs", key, "mode: unknown value '" + r.mode + "'");
+    return corrupt_row("jobs", key, "mode: unknown value '" + r.mode + "'");
   bool known = false;
   for (auto s : {job_status::running, job_status::completed, job_status::error,
                  job_status::cancelled})
@@ -259,13 +250,13 @@ result<job_row> decode_job(SQLite::Statement& q) {
       r.status = s;
       known = true;
     }
-  if (!known) return corrupt("jobs", key, "status: unknown value '" + status + "'");
+  if (!known) return corrupt_row("jobs", key, "status: unknown value '" + status + "'");
   if (r.status != job_status::running && !r.body)
-    return corrupt("jobs", key, "body: missing on a terminal row");
+    return corrupt_row("jobs", key, "body: missing on a terminal row");
   auto p = protocol::decode_text<protocol::job_payload>(
       q.getColumn(9).getString(), 
       [](const json::value& v) { return protocol::job_payload_from_json(v); });
-  if (!p) return corrupt("jobs", key, p.error().describe());
+  if (!p) return corrupt_row("jobs", key, p.error().describe());
   r.description = std::move(p->description);
   return r;
 }
@@ -566,7 +557,7 @@ result<std::optional<session_row>> report_reader::session(const session_id& s) {
     if (!r) return r.error();
     return std::optional<session_row>(std::move(*r));
   } catch (const std::exception& e) {
-    return read_failed("reading session " + s.str(), e);
+    return read_error("reading session " + s.str(), e);
   }
 }
 
@@ -582,7 +573,7 @@ result<std::vector<session_row>> report_reader::sessions() {
     }
     return out;
   } catch (const std::exception& e) {
-    return read_failed("reading sessions", e);
+    return read_error("reading sessions", e);
   }
 }
 
@@ -598,7 +589,7 @@ result<std::vector<job_row>> report_reader::jobs() {
     }
     return out;
   } catch (const std::exception& e) {
-    return read_failed("reading jobs", e);
+    return read_error("reading jobs", e);
   }
 }
 
@@ -612,7 +603,7 @@ result<std::int64_t> report_reader::user_ordinal(const session_id& s, std::int64
     q.executeStep();
     return q.getColumn(0).getInt64();
   } catch (const std::exception& e) {
-    return read_failed("counting inputs of " + s.str(), e);
+    return read_error("counting inputs of " + s.str(), e);
   }
 }
 
@@ -631,7 +622,7 @@ result<std::vector<message_row>> report_reader::messages(const session_id& s, st
     }
     return out;
   } catch (const std::exception& e) {
-    return read_failed("reading messages of " + s.str(), e);
+    return read_error("reading messages of " + s.str(), e);
   }
 }
 
@@ -650,13 +641,13 @@ result<std::vector<inbox_row>> report_reader::inbox(const session_id& s) {
       r.body = q.getColumn(2).getString();
       auto state = q.getColumn(3).getString();
       if (state != "pending" && state != "acked")
-        return corrupt("inbox", s.str() + "/" + r.nid.str(), "state: unknown value '" + state + "'");
+        return corrupt_row("inbox", s.str() + "/" + r.nid.str(), "state: unknown value '" + state + "'");
       r.acked = state == "acked";
       out.push_back(std::move(r));
     }
     return out;
   } catch (const std::exception& e) {
-    return read_failed("reading inbox of " + s.str(), e);
+    return read_error("reading inbox of " + s.str(), e);
   }
 }
 
@@ -668,7 +659,7 @@ result<std::vector<session_id>> report_reader::sessions_with_pending_inbox() {
     while (q.executeStep()) out.emplace_back(q.getColumn(0).getString());
     return out;
   } catch (const std::exception& e) {
-    return read_failed("reading pending inboxes", e);
+    return read_error("reading pending inboxes", e);
   }
 }
 
@@ -697,7 +688,7 @@ result<std::optional<message_row>> report_reader::last_assistant_after(const ses
       if (rows < 20) return std::optional<message_row>{};
     }
   } catch (const std::exception& e) {
-    return read_failed("reading the last answer of " + s.str(), e);
+    return read_error("reading the last answer of " + s.str(), e);
   }
 }
 
