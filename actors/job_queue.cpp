@@ -489,15 +489,9 @@ awaitable<void> job_queue::finish(job_id job, owned_state terminal,
   // once its own receipt was handed over, not this one.
   if (!*won) co_return;
   TETHER_CRASH_POINT("delivery.terminal.after_commit");
-  auto r = store_.receipt_by_id(protocol::make_event_id(job, persistence::transition_of(terminal)));
-  if (!r) {
-    host_.warn("job " + job.str() + ": its receipt was written but cannot be read back (" +
-               r.error().message + "); it stays pending for the next boot");
-  } else if (*r) {
-    auto delivered = co_await deliver(std::move(**r), wake_after);
-    if (!delivered)
-      host_.warn("job " + job.str() + ": receipt kept pending: " + delivered.error().message);
-  }
+  auto delivered = co_await deliver(std::move(**won), wake_after);
+  if (!delivered)
+    host_.warn("job " + job.str() + ": receipt kept pending: " + delivered.error().message);
   // Handed over (or kept pending for the next boot): the turn may complete.
   end_live(job);
 }
@@ -514,17 +508,15 @@ awaitable<result<bool>> job_queue::deliver(receipt r, bool wake_after) {
   auto now = store_.receipt_by_id(r.id);
   if (!now) co_return now.error();
   if (!*now || (*now)->state != receipt_state::pending) co_return false;
-  auto owner = host_.store().session(r.scope.thread);
-  if (!owner) co_return owner.error();
-  if (!*owner || (*owner)->tenant != r.scope.tenant) {
+  auto s = host_.get(r.scope.thread);
+  if (!s && s.error().code != errc::not_found) co_return s.error();
+  if (!s || (*s)->row().tenant != r.scope.tenant) {
     host_.warn("receipt " + r.id.str() + ": its owner session '" + r.scope.thread.str() +
                "' is gone; the receipt was dropped");
     std::vector<event_id> one{r.id};
     co_await store_.drop(std::move(one));
     co_return false;
   }
-  auto s = host_.get(r.scope.thread);
-  if (!s) co_return s.error();
   bool was_busy = host_.is_busy(r.scope.thread);
   std::vector<persistence::report_item> items;
   items.push_back({notification_id(r.id.str()), std::nullopt, r.body});

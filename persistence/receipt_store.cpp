@@ -166,8 +166,9 @@ result<std::optional<T>> first_of(result<std::vector<T>> all) {
   return std::optional<T>(std::move(all->front()));
 }
 
-void insert_receipt(SQLite::Database& db, const job_id& job, transition t, const std::string& scope,
-                    const std::string& body, receipt_state state) {
+// Returns the receipt's created_at.
+std::int64_t insert_receipt(SQLite::Database& db, const job_id& job, transition t,
+                            const std::string& scope, const std::string& body, receipt_state state) {
   auto& st = cached_statement(db,
                               "INSERT INTO receipts (id, job_id, transition, scope, body, state, "
                               "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
@@ -181,6 +182,7 @@ void insert_receipt(SQLite::Database& db, const job_id& job, transition t, const
   st.bind(7, now);
   st.bind(8, now);
   st.exec();
+  return now;
 }
 
 // Moves a pending receipt to `to`; true if it was pending.
@@ -311,16 +313,16 @@ awaitable<result<bool>> receipt_store::mark_running(job_id id) {
   co_return co_await w_.write(std::move(name), 128, std::move(fn));
 }
 
-awaitable<result<bool>> receipt_store::finish(job_id id, owned_state terminal,
-                                              std::optional<protocol::shell_completion> completion,
-                                              std::string body) {
+awaitable<result<std::optional<receipt>>> receipt_store::finish(
+    job_id id, owned_state terminal, std::optional<protocol::shell_completion> completion,
+    std::string body) {
   if (!is_terminal(terminal))
     co_return error{errc::invalid, "finish(" + id.str() + "): '" +
                                        std::string(to_string(terminal)) + "' is not terminal"};
   auto name = "owned job " + std::string(to_string(terminal)) + " " + id.str();
   std::size_t bytes = body.size() + 256;
   auto fn = [id = std::move(id), terminal, completion = std::move(completion),
-             body = std::move(body)](SQLite::Database& db) -> result<bool> {
+             body = std::move(body)](SQLite::Database& db) -> result<std::optional<receipt>> {
     auto& st = cached_statement(db,
                                 "UPDATE owned_jobs SET state = ?, completion = ?, updated_at = ? "
                                 "WHERE id = ? AND state IN ('admitted','running') RETURNING scope");
@@ -331,11 +333,20 @@ awaitable<result<bool>> receipt_store::finish(job_id id, owned_state terminal,
       st.bind(2);
     st.bind(3, now_ms());
     st.bind(4, id.str());
-    if (!st.executeStep()) return false;  // the first terminal transition already won
-    auto scope = st.getColumn(0).getString();
+    if (!st.executeStep()) return std::optional<receipt>{};  // the first terminal one won already
+    auto scope_text = st.getColumn(0).getString();
     st.reset();
-    insert_receipt(db, id, transition_of(terminal), scope, body, receipt_state::pending);
-    return true;
+    auto scope = protocol::decode_text<owner_scope>(
+        scope_text, [](const json::value& v) { return protocol::scope_from_json(v); });
+    if (!scope) return corrupt_row("owned_jobs", id.str(), "scope: " + scope.error().describe());
+    receipt r;
+    r.transition = transition_of(terminal);
+    r.id = protocol::make_event_id(id, r.transition);
+    r.job = id;
+    r.scope = std::move(*scope);
+    r.body = body;
+    r.created_at = insert_receipt(db, id, r.transition, scope_text, body, receipt_state::pending);
+    return std::optional<receipt>(std::move(r));
   };
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }

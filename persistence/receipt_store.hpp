@@ -90,11 +90,11 @@ class receipt_store : public receipt_reader {
   /// the launch already answered with the job id). False if not admitted.
   awaitable<result<bool>> mark_running(job_id id);
   /// The compare-and-set: admitted|running → `terminal`, with its pending
-  /// receipt, in one transaction. False (nothing written) if the job was
-  /// already terminal: the later transition is dropped.
-  awaitable<result<bool>> finish(job_id id, owned_state terminal,
-                                 std::optional<protocol::shell_completion> completion,
-                                 std::string body);
+  /// receipt, in one transaction; returns that receipt. nullopt (nothing
+  /// written) if the job was already terminal: the later transition is dropped.
+  awaitable<result<std::optional<receipt>>> finish(
+      job_id id, owned_state terminal, std::optional<protocol::shell_completion> completion,
+      std::string body);
   /// pending → acked. False if it was not pending (acknowledging twice does nothing).
   awaitable<result<bool>> ack(event_id id);
   /// pending|acked → read: the owner read the result through a status call,
