@@ -5,11 +5,7 @@
 // from a hand-kept list. After each kill the host restarts on the same
 // database; the parent must hold every owed report exactly once and nothing
 // else.
-#include "catch_result.hpp"
-#include "support.hpp"
-
-#include "tether/persistence/receipt_store.hpp"
-#include "tether/persistence/report_store.hpp"
+#include <sys/wait.h>
 
 #include <csignal>
 #include <fstream>
@@ -17,34 +13,30 @@
 #include <regex>
 #include <set>
 #include <sstream>
-#include <sys/wait.h>
+
+#include "crash_matrix_support.hpp"
+#include "tether/persistence/receipt_store.hpp"
+#include "tether/persistence/report_store.hpp"
 
 using namespace tether;
 
 namespace {
 
-const std::string k_tether = std::string(TETHER_BIN_DIR) + "/tether";
+const std::string& k_tether = test::k_tether_cli;
 
-std::vector<std::string> lines(const std::string& s) {
-  std::vector<std::string> out;
-  std::istringstream in(s);
-  std::string l;
-  while (std::getline(in, l))
-    if (!l.empty()) out.push_back(l);
-  return out;
+bool on_report_path(const std::string& p) {
+  return p.rfind("report.", 0) == 0 || p.rfind("shell.", 0) == 0;
 }
 
-bool on_report_path(const std::string& p) { return p.rfind("report.", 0) == 0 || p.rfind("shell.", 0) == 0; }
-
 struct outcome {
-  std::vector<std::string> bodies;      // inbox bodies, shell ids normalised
-  int pending = 0;                      // inbox rows not acknowledged
-  int transcript_mismatches = 0;        // inbox bodies not exactly once in the transcript
-  int stray_transcript_reports = 0;     // transcript reports with no inbox row
-  int outbox_rows = 0;                  // job rows left
-  int claimed_sessions = 0;             // sessions still holding a claim
-  int receipts = 0;                     // the child's job receipts
-  int receipts_not_acked = 0;           // of those, pending or dropped
+  std::vector<std::string> bodies;   // inbox bodies, shell ids normalised
+  int pending = 0;                   // inbox rows not acknowledged
+  int transcript_mismatches = 0;     // inbox bodies not exactly once in the transcript
+  int stray_transcript_reports = 0;  // transcript reports with no inbox row
+  int outbox_rows = 0;               // job rows left
+  int claimed_sessions = 0;          // sessions still holding a claim
+  int receipts = 0;                  // the child's job receipts
+  int receipts_not_acked = 0;        // of those, pending or dropped
 };
 
 outcome read_outcome(const std::string& db) {
@@ -69,7 +61,8 @@ outcome read_outcome(const std::string& db) {
     o.pending += r.acked ? 0 : 1;
     if (transcript.count(r.body) != 1) ++o.transcript_mismatches;
   }
-  o.stray_transcript_reports = static_cast<int>(transcript.size()) - static_cast<int>(inbox->size());
+  o.stray_transcript_reports =
+      static_cast<int>(transcript.size()) - static_cast<int>(inbox->size());
   o.outbox_rows = static_cast<int>(jobs->size());
   for (auto& s : *sessions) o.claimed_sessions += s.time_suspended ? 1 : 0;
   persistence::receipt_reader receipts(db);
@@ -88,70 +81,42 @@ outcome read_outcome(const std::string& db) {
 TEST_CASE("SIGKILL at every crash point of the report path: every owed report arrives exactly once",
           "[crash]") {
   test::scratch_dir root("matrix");
-
-  // Every registered point on the report path.
-  std::string listing;
-  REQUIRE(test::run_process({k_tether, "crash-points"}, &listing) == 0);
-  std::set<std::string> points;
-  for (auto& p : lines(listing))
-    if (on_report_path(p)) points.insert(p);
+  auto points = test::crash_points(on_report_path);
   REQUIRE(points.size() >= 8);
 
   // Baseline: the story without a crash, tracing how often each point is hit.
   auto base_dir = root.path() / "baseline";
-  auto trace = (root.path() / "trace").string();
-  int st = test::run_process({k_tether, "demo", "--story", base_dir.string()}, nullptr,
-                             {"TETHER_CRASH_TRACE=" + trace});
-  REQUIRE(WIFEXITED(st));
-  REQUIRE(WEXITSTATUS(st) == 0);
+  auto hits = test::traced_hits({k_tether, "demo", "--story", base_dir.string()},
+                                root.path() / "trace", points);
   auto baseline = read_outcome((base_dir / "tether.db").string());
   REQUIRE(baseline.bodies.size() == 2);
-  std::map<std::string, int> hits;
-  {
-    std::ifstream in(trace);
-    std::string l;
-    while (std::getline(in, l)) hits[l]++;
-  }
-  for (auto& p : points) {
-    INFO("crash point " << p << " is never reached by the matrix scenario");
-    CHECK(hits[p] > 0);
-  }
 
   // The matrix: every hit of every point.
-  int runs = 0;
-  for (auto& p : points) {
-    for (int n = 1; n <= hits[p]; ++n) {
-      auto dir = root.path() / ("crash-" + p + "-" + std::to_string(n));
-      std::string at = p + ":" + std::to_string(n);
-      INFO("TETHER_CRASH_AT=" << at);
-      int s = test::run_process({k_tether, "demo", "--story", dir.string()}, nullptr,
-                                {"TETHER_CRASH_AT=" + at});
-      if (n > 1 && WIFEXITED(s) && WEXITSTATUS(s) == 0) continue;  // that hit did not recur
-      REQUIRE(WIFSIGNALED(s));
-      REQUIRE(WTERMSIG(s) == SIGKILL);
-      int r = test::run_process({k_tether, "demo", "--resume", dir.string()});
-      REQUIRE(WIFEXITED(r));
-      REQUIRE(WEXITSTATUS(r) == 0);
-      auto o = read_outcome((dir / "tether.db").string());
-      CHECK(o.outbox_rows == 0);           // nothing owed is left undelivered
-      CHECK(o.claimed_sessions == 0);      // every busy period settled
-      CHECK(o.pending == 0);               // every admitted report was acknowledged
-      CHECK(o.transcript_mismatches == 0);  // each exactly once in the transcript
-      CHECK(o.stray_transcript_reports == 0);
-      CHECK(o.receipts >= 2);            // the background job's started and terminal receipts
-      CHECK(o.receipts_not_acked == 0);  // its terminal receipt went with its report
-      CHECK_FALSE(o.bodies.empty());
-      std::set<std::string> distinct(o.bodies.begin(), o.bodies.end());
-      CHECK(distinct.size() == o.bodies.size());  // no report twice under two ids
-      for (auto& b : o.bodies) CHECK(b.find("sessionID=\"ses_audit\"") != std::string::npos);
-      // Once the child's settle committed, the restart delivers exactly what
-      // the uninterrupted run delivers.
-      bool after_settle = p.rfind("report.settle.after", 0) == 0 || p.rfind("report.admit", 0) == 0 ||
-                          p.rfind("report.complete", 0) == 0 || p.rfind("report.wake", 0) == 0 ||
-                          p == "shell.after_finish";
-      if (after_settle) CHECK(o.bodies == baseline.bodies);
-      ++runs;
-    }
-  }
-  CHECK(runs >= static_cast<int>(points.size()));
+  auto story = [](const std::string& dir) {
+    return std::vector<std::string>{k_tether, "demo", "--story", dir};
+  };
+  auto resume = [](const std::string& dir) {
+    return std::vector<std::string>{k_tether, "demo", "--resume", dir};
+  };
+  auto check = [&](const std::string& p, const std::filesystem::path& dir) {
+    auto o = read_outcome((dir / "tether.db").string());
+    CHECK(o.outbox_rows == 0);            // nothing owed is left undelivered
+    CHECK(o.claimed_sessions == 0);       // every busy period settled
+    CHECK(o.pending == 0);                // every admitted report was acknowledged
+    CHECK(o.transcript_mismatches == 0);  // each exactly once in the transcript
+    CHECK(o.stray_transcript_reports == 0);
+    CHECK(o.receipts >= 2);            // the background job's started and terminal receipts
+    CHECK(o.receipts_not_acked == 0);  // its terminal receipt went with its report
+    CHECK_FALSE(o.bodies.empty());
+    std::set<std::string> distinct(o.bodies.begin(), o.bodies.end());
+    CHECK(distinct.size() == o.bodies.size());  // no report twice under two ids
+    for (auto& b : o.bodies) CHECK(b.find("sessionID=\"ses_audit\"") != std::string::npos);
+    // Once the child's settle committed, the restart delivers exactly what
+    // the uninterrupted run delivers.
+    bool after_settle = p.rfind("report.settle.after", 0) == 0 || p.rfind("report.admit", 0) == 0 ||
+                        p.rfind("report.complete", 0) == 0 || p.rfind("report.wake", 0) == 0 ||
+                        p == "shell.after_finish";
+    if (after_settle) CHECK(o.bodies == baseline.bodies);
+  };
+  test::for_each_crash(root.path(), points, hits, story, resume, check);
 }

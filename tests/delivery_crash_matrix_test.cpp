@@ -14,9 +14,8 @@
 #include <set>
 #include <sstream>
 
-#include "catch_result.hpp"
+#include "crash_matrix_support.hpp"
 #include "sandbox_support.hpp"
-#include "support.hpp"
 #include "tether/persistence/receipt_store.hpp"
 #include "tether/persistence/report_store.hpp"
 
@@ -26,16 +25,7 @@ using persistence::receipt_state;
 
 namespace {
 
-const std::string k_tether = std::string(TETHER_BIN_DIR) + "/tether";
-
-std::vector<std::string> lines_of(const std::string& s) {
-  std::vector<std::string> out;
-  std::istringstream in(s);
-  std::string l;
-  while (std::getline(in, l))
-    if (!l.empty()) out.push_back(l);
-  return out;
-}
+const std::string& k_tether = test::k_tether_cli;
 
 bool on_delivery_path(const std::string& p) {
   return p.rfind("delivery.", 0) == 0 || p.rfind("report.drain.", 0) == 0;
@@ -108,21 +98,14 @@ TEST_CASE(
   test::sandbox_daemon daemon("delivery-matrix-sbx");
   test::scratch_dir root("delivery-matrix");
   auto sbx = daemon.options().state_dir;
-
-  std::string listing;
-  REQUIRE(test::run_process({k_tether, "crash-points"}, &listing) == 0);
-  std::set<std::string> points;
-  for (auto& p : lines_of(listing))
-    if (on_delivery_path(p)) points.insert(p);
+  auto points = test::crash_points(on_delivery_path);
   REQUIRE(points.size() >= 8);
 
   // Baseline: no crash, tracing how often each point is hit.
   auto base = root.path() / "baseline";
-  auto trace = (root.path() / "trace").string();
-  int st = test::run_process({k_tether, "jobs-story", "--story", base.string(), "--sandbox", sbx},
-                             nullptr, {"TETHER_CRASH_TRACE=" + trace});
-  REQUIRE(WIFEXITED(st));
-  REQUIRE(WEXITSTATUS(st) == 0);
+  auto hits =
+      test::traced_hits({k_tether, "jobs-story", "--story", base.string(), "--sandbox", sbx},
+                        root.path() / "trace", points);
   auto baseline = read_outcome(base);
   REQUIRE(baseline.jobs.size() == 3);
   CHECK(baseline.jobs['a'].state == owned_state::completed);
@@ -130,63 +113,39 @@ TEST_CASE(
   CHECK(baseline.jobs['c'].state == owned_state::cancelled);
   CHECK(baseline.ran['A'] == 1);
   CHECK(baseline.ran['B'] == 1);
-  std::map<std::string, int> hits;
-  {
-    std::ifstream in(trace);
-    std::string l;
-    while (std::getline(in, l)) hits[l]++;
-  }
-  for (auto& p : points) {
-    INFO("crash point " << p << " is never reached by the jobs story");
-    CHECK(hits[p] > 0);
-  }
 
-  int runs = 0;
-  for (auto& p : points) {
-    for (int n = 1; n <= hits[p]; ++n) {
-      auto dir = root.path() / ("crash-" + p + "-" + std::to_string(n));
-      std::string at = p + ":" + std::to_string(n);
-      INFO("TETHER_CRASH_AT=" << at);
-      int s = test::run_process({k_tether, "jobs-story", "--story", dir.string(), "--sandbox", sbx},
-                                nullptr, {"TETHER_CRASH_AT=" + at});
-      if (n > 1 && WIFEXITED(s) && WEXITSTATUS(s) == 0) continue;  // that hit did not recur
-      REQUIRE(WIFSIGNALED(s));
-      REQUIRE(WTERMSIG(s) == SIGKILL);
-      std::string out;
-      int r = test::run_process(
-          {k_tether, "jobs-story", "--resume", dir.string(), "--sandbox", sbx}, &out);
-      INFO("resume said: " << out);
-      REQUIRE(WIFEXITED(r));
-      REQUIRE(WEXITSTATUS(r) == 0);
-      auto o = read_outcome(dir);
-      CHECK_FALSE(o.claimed);       // the turn settled
-      CHECK(o.pending_inbox == 0);  // everything admitted was taken
-      REQUIRE(o.jobs.size() == 3);  // the replayed turn got its jobs back, no new ones
-      for (auto& [key, j] : o.jobs) {
-        INFO("job " << key);
-        CHECK(persistence::is_terminal(j.state));
-        CHECK(j.terminal_receipts == 1);  // exactly one terminal transition
-        CHECK(j.undelivered == 0);        // delivered (or read by its owner)
-        CHECK(j.notices <= 1);            // never twice
-        if (j.acked) CHECK(j.notices == 1);
-        // A job is lost only when the kill fell between its admission and
-        // its dispatch (whichever point fired): then it never ran, and the
-        // replayed turn did not run it either.
-        if (j.state == owned_state::lost) CHECK(o.ran[static_cast<char>(key - 'a' + 'A')] == 0);
-      }
-      for (auto& [letter, count] : o.ran) {
-        INFO("command " << letter);
-        CHECK(count <= 1);  // no command ran twice
-      }
-      CHECK(o.ran['A'] == (o.jobs['a'].state == owned_state::completed ? 1 : 0));
-      CHECK(o.ran['B'] == (o.jobs['b'].state == owned_state::failed ? 1 : 0));
-      if (o.jobs['a'].state != owned_state::lost)
-        CHECK(o.jobs['a'].state == owned_state::completed);
-      if (o.jobs['b'].state != owned_state::lost) CHECK(o.jobs['b'].state == owned_state::failed);
-      if (o.jobs['c'].state != owned_state::lost)
-        CHECK(o.jobs['c'].state == owned_state::cancelled);
-      ++runs;
+  auto story = [&](const std::string& dir) {
+    return std::vector<std::string>{k_tether, "jobs-story", "--story", dir, "--sandbox", sbx};
+  };
+  auto resume = [&](const std::string& dir) {
+    return std::vector<std::string>{k_tether, "jobs-story", "--resume", dir, "--sandbox", sbx};
+  };
+  auto check = [&](const std::string&, const std::filesystem::path& dir) {
+    auto o = read_outcome(dir);
+    CHECK_FALSE(o.claimed);       // the turn settled
+    CHECK(o.pending_inbox == 0);  // everything admitted was taken
+    REQUIRE(o.jobs.size() == 3);  // the replayed turn got its jobs back, no new ones
+    for (auto& [key, j] : o.jobs) {
+      INFO("job " << key);
+      CHECK(persistence::is_terminal(j.state));
+      CHECK(j.terminal_receipts == 1);  // exactly one terminal transition
+      CHECK(j.undelivered == 0);        // delivered (or read by its owner)
+      CHECK(j.notices <= 1);            // never twice
+      if (j.acked) CHECK(j.notices == 1);
+      // A job is lost only when the kill fell between its admission and
+      // its dispatch (whichever point fired): then it never ran, and the
+      // replayed turn did not run it either.
+      if (j.state == owned_state::lost) CHECK(o.ran[static_cast<char>(key - 'a' + 'A')] == 0);
     }
-  }
-  CHECK(runs >= static_cast<int>(points.size()));
+    for (auto& [letter, count] : o.ran) {
+      INFO("command " << letter);
+      CHECK(count <= 1);  // no command ran twice
+    }
+    CHECK(o.ran['A'] == (o.jobs['a'].state == owned_state::completed ? 1 : 0));
+    CHECK(o.ran['B'] == (o.jobs['b'].state == owned_state::failed ? 1 : 0));
+    if (o.jobs['a'].state != owned_state::lost) CHECK(o.jobs['a'].state == owned_state::completed);
+    if (o.jobs['b'].state != owned_state::lost) CHECK(o.jobs['b'].state == owned_state::failed);
+    if (o.jobs['c'].state != owned_state::lost) CHECK(o.jobs['c'].state == owned_state::cancelled);
+  };
+  test::for_each_crash(root.path(), points, hits, story, resume, check);
 }
