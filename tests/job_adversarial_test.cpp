@@ -48,6 +48,18 @@ owner_scope scope_of_job(delivery_fixture& d, const job_id& j) {
   return (*r)->scope;
 }
 
+// A session "s" whose turn launched a `sleep 30` job, still running when the
+// host shuts down (shutdown keeps the running row); returns the job's id.
+job_id running_job_at_shutdown(delivery_fixture& d) {
+  launcher l;
+  l.install(d, "s", job("sleep 30"));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  auto j = l.id(d);
+  REQUIRE(d.state_of(j) == owned_state::running);
+  return j;
+}
+
 std::string scope_text(const owner_scope& s) {
   return protocol::to_text(protocol::to_json(s));
 }
@@ -433,12 +445,7 @@ TEST_CASE(
     "the owner",
     "[adversarial]") {
   delivery_fixture d("adv-replaced");
-  launcher l;
-  l.install(d, "s", job("sleep 30"));
-  auto s = d.session("s");
-  REQUIRE(d.sync(d.host().prompt(s, "go")));
-  auto j = l.id(d);
-  REQUIRE(d.state_of(j) == owned_state::running);
+  auto j = running_job_at_shutdown(d);
   auto scope = scope_of_job(d, j);
   d.f.close();  // shutdown keeps the running row
   replace_daemon(d);
@@ -465,12 +472,7 @@ TEST_CASE(
 TEST_CASE("a daemon that is gone while the host was down refuses the boot and keeps the owner",
           "[adversarial]") {
   delivery_fixture d("adv-gone");
-  launcher l;
-  l.install(d, "s", job("sleep 30"));
-  auto s = d.session("s");
-  REQUIRE(d.sync(d.host().prompt(s, "go")));
-  auto j = l.id(d);
-  REQUIRE(d.state_of(j) == owned_state::running);
+  auto j = running_job_at_shutdown(d);
   auto scope = scope_of_job(d, j);
   d.f.close();
   d.daemon.stop();  // and not started again
