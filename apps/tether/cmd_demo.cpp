@@ -185,20 +185,27 @@ int resume_child(const fs::path& dir) {
   return 0;
 }
 
-// Runs `tether jobs-story` in a child process; returns its raw wait status.
-int run_jobs_story(const std::string& mode, const fs::path& dir, const fs::path& sandbox,
-                   const char* crash_at) {
+// Runs this `tether` with `args` in a child process, with TETHER_CRASH_AT set
+// when `crash_at` is given; returns the raw wait status.
+int run_self(const std::vector<std::string>& args, const char* crash_at) {
   pid_t pid = ::fork();
   if (pid == 0) {
     if (crash_at) ::setenv("TETHER_CRASH_AT", crash_at, 1);
     std::string self = self_dir() + "/tether";
-    ::execl(self.c_str(), self.c_str(), "jobs-story", mode.c_str(), dir.c_str(), "--sandbox",
-            sandbox.c_str(), nullptr);
+    std::vector<char*> argv{self.data()};
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(self.c_str(), argv.data());
     ::_exit(127);
   }
   int status = 0;
   ::waitpid(pid, &status, 0);
   return status;
+}
+
+int run_jobs_story(const std::string& mode, const fs::path& dir, const fs::path& sandbox,
+                   const char* crash_at) {
+  return run_self({"jobs-story", mode, dir.string(), "--sandbox", sandbox.string()}, crash_at);
 }
 
 struct jobs_check {
@@ -348,15 +355,7 @@ int demo(const args& a) {
   prepare_dir(crashed);
   std::cout << "\nCrash and restart: the same story in a child process with TETHER_CRASH_AT="
             << k_crash_at << "\n";
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setenv("TETHER_CRASH_AT", k_crash_at, 1);
-    std::string self = self_dir() + "/tether";
-    ::execl(self.c_str(), self.c_str(), "demo", "--story", crashed.c_str(), nullptr);
-    ::_exit(127);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+  int status = run_self({"demo", "--story", crashed.string()}, k_crash_at);
   bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
   expect(killed, "the child process died by SIGKILL after committing report 2, before admitting it",
          failures);
