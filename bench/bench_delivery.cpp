@@ -446,14 +446,21 @@ awaitable<void> raw_wait(actors::sandbox_client* c, job_id j, raw_state* st) {
   if (++st->finished == st->expected) st->all_done->set(0);
 }
 
+// The i-th command of the mix, as a raw exec request.
+wire::exec_req raw_request(int i, const std::string& cwd,
+                           const std::vector<std::pair<std::string, std::string>>& env) {
+  wire::exec_req r;
+  r.command = k_commands[static_cast<std::size_t>(i) % k_commands.size()];
+  r.cwd = cwd;
+  r.env = env;
+  return r;
+}
+
 awaitable<void> raw_turn(actors::sandbox_client* c, int jobs, std::string cwd,
                          std::vector<std::pair<std::string, std::string>> env, raw_state* st) {
   auto ex = co_await asio::this_coro::executor;
   for (int i = 0; i < jobs; ++i) {
-    wire::exec_req r;
-    r.command = k_commands[static_cast<std::size_t>(i) % k_commands.size()];
-    r.cwd = cwd;
-    r.env = env;
+    auto r = raw_request(i, cwd, env);
     r.job = job_id(protocol::mint("job"));  // as the queue does: a caller-chosen id
     auto call = clock::now();
     auto started = co_await c->exec(std::move(r));
@@ -474,10 +481,7 @@ awaitable<raw_outcome> raw_run(std::string socket, std::string cwd, shape s, int
   auto env = actors::current_environment();
   auto ex = co_await asio::this_coro::executor;
   for (int i = 0; i < warmup; ++i) {
-    wire::exec_req r;
-    r.command = k_commands[static_cast<std::size_t>(i) % k_commands.size()];
-    r.cwd = cwd;
-    r.env = env;
+    auto r = raw_request(i, cwd, env);
     auto started = co_await client->exec(std::move(r));
     if (!started) die("raw warm-up exec failed: " + started.error().message);
     auto done = co_await client->wait(started->job);
