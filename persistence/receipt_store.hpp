@@ -1,6 +1,6 @@
 #pragma once
 // Owned jobs and their receipts: the durable half of the job queue (promises
-// 2-5 of DESIGN.md). Every state change is one named write operation through
+// 2-5 of docs/design.md). Every state change is one named write operation through
 // the single writer; the terminal transition is a compare-and-set, so of
 // completion and cancellation exactly one wins and nothing overwrites it.
 //

@@ -1,4 +1,4 @@
-// Adversarial tests for the owned-job queue (seed 000; DESIGN.md promises 2, 3
+// Adversarial tests for the owned-job queue (seed 000; docs/design.md promises 2, 3
 // and 5): strangers asking about a job they do not own, stale and foreign
 // receipts on disk, persisted state that does not parse, a daemon replaced or
 // gone while the host was down, an owner with no proven generation, and a job
