@@ -8,9 +8,11 @@
 
 #include <SQLiteCpp/Statement.h>
 #include <boost/asio/detached.hpp>
+#include <sqlite3.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 
 using namespace tether;
@@ -227,4 +229,110 @@ TEST_CASE("requests after stop are refused with closed, not lost silently") {
   auto r = runtime::run_to_completion(io, st->async_wait(asio::use_awaitable));
   REQUIRE_FALSE(r);
   CHECK(r.error().code == errc::closed);
+}
+
+namespace {
+
+// A SQL function that fails with `code`: inside a write statement SQLite then
+// rolls the whole transaction back, as it does for a real I/O error.
+void install_fault(SQLite::Database& db, int code) {
+  auto fault = [](sqlite3_context* ctx, int, sqlite3_value**) {
+    sqlite3_result_error_code(ctx, *static_cast<int*>(sqlite3_user_data(ctx)));
+  };
+  static int codes[2] = {SQLITE_IOERR, SQLITE_NOMEM};
+  int* slot = code == SQLITE_IOERR ? &codes[0] : &codes[1];
+  sqlite3_create_function(db.getHandle(), "fault", 0, SQLITE_UTF8, slot, fault, nullptr, nullptr);
+}
+
+// Runs `before`, the faulting request and `after` as one batch (a held
+// request keeps the writer busy while they queue); returns their results.
+std::vector<result<void>> batch_around(writer& w, std::function<void(SQLite::Database&)> faulting) {
+  std::promise<void> inside, release;
+  auto released = release.get_future().share();
+  auto held = w.submit("held", 0, [&inside, released](SQLite::Database&) {
+    inside.set_value();
+    released.wait();
+  });
+  inside.get_future().wait();
+  std::vector<std::shared_ptr<runtime::one_shot<result<void>>>> batch;
+  batch.push_back(w.submit("before", 8, [](SQLite::Database& db) {
+    db.exec("INSERT INTO t (k, v) VALUES (1, 'before')");
+  }));
+  batch.push_back(w.submit("faulting", 8, std::move(faulting)));
+  batch.push_back(w.submit("after", 8, [](SQLite::Database& db) {
+    db.exec("INSERT INTO t (k, v) VALUES (3, 'after')");
+  }));
+  release.set_value();
+  asio::io_context io;
+  auto all = [](auto held, auto batch) -> asio::awaitable<std::vector<result<void>>> {
+    co_await held->async_wait(asio::use_awaitable);
+    std::vector<result<void>> out;
+    for (auto& b : batch) out.push_back(co_await b->async_wait(asio::use_awaitable));
+    co_return out;
+  };
+  return runtime::run_to_completion(io, all(held, batch));
+}
+
+bool has_row(const std::string& path, int k) {
+  SQLite::Database db(path, SQLite::OPEN_READONLY);
+  SQLite::Statement q(db, "SELECT count(*) FROM t WHERE k = ?");
+  q.bind(1, k);
+  q.executeStep();
+  return q.getColumn(0).getInt() == 1;
+}
+
+void check_whole_batch_failed(const std::string& path, const std::vector<result<void>>& results) {
+  REQUIRE(results.size() == 3);
+  const char* names[] = {"before", "faulting", "after"};
+  for (int i = 0; i < 3; ++i) {
+    INFO("request '" << names[i] << "'");
+    // Told it failed, and truly not written: neither in the rolled-back
+    // transaction nor in an autocommit one of its own.
+    REQUIRE_FALSE(results[i]);
+    CHECK(results[i].error().message.find("rolled back the whole transaction during 'faulting'") !=
+          std::string::npos);
+    CHECK(results[i].error().message.find("nothing of this batch of 3 requests was written") !=
+          std::string::npos);
+  }
+  CHECK_FALSE(has_row(path, 1));
+  CHECK_FALSE(has_row(path, 3));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "an I/O error that rolls back the whole transaction fails its batch without committing a later "
+    "request") {
+  test::scratch_dir dir("ioerr");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  create_table(*w);
+  auto results = batch_around(*w, [](SQLite::Database& db) {
+    install_fault(db, SQLITE_IOERR);
+    db.exec("INSERT INTO t (k, v) VALUES (2, fault())");
+  });
+  check_whole_batch_failed(path, results);
+  CHECK(results[2].error().message.find("the 1 after it were not run") != std::string::npos);
+
+  // The writer carries on in a transaction of its own.
+  asio::io_context io;
+  auto next = w->submit(
+      "next", 8, [](SQLite::Database& db) { db.exec("INSERT INTO t (k, v) VALUES (4, 'next')"); });
+  REQUIRE(runtime::run_to_completion(io, next->async_wait(asio::use_awaitable)));
+  CHECK(has_row(path, 4));
+}
+
+TEST_CASE("a full database that rolls back the whole transaction fails its batch truthfully") {
+  test::scratch_dir dir("full");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  create_table(*w);
+  auto results = batch_around(*w, [](SQLite::Database& db) {
+    // The file may not grow: a row bigger than a page needs new pages.
+    auto pages = db.execAndGet("PRAGMA page_count").getInt();
+    db.exec("PRAGMA max_page_count = " + std::to_string(pages));
+    db.exec("INSERT INTO t (k, v) VALUES (2, hex(zeroblob(100000)))");
+  });
+  check_whole_batch_failed(path, results);
+  CHECK(results[1].error().message.find("full") != std::string::npos);
 }
