@@ -2,7 +2,9 @@
 // database identity, reads beside a busy writer.
 #include "support.hpp"
 
+#include "tether/persistence/report_store.hpp"
 #include "tether/persistence/writer.hpp"
+#include "tether/protocol/ids.hpp"
 
 #include "catch_result.hpp"
 
@@ -10,10 +12,14 @@
 #include <boost/asio/detached.hpp>
 #include <sqlite3.h>
 
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <future>
+
+#include <sys/stat.h>
 
 using namespace tether;
 using namespace tether::persistence;
@@ -335,4 +341,128 @@ TEST_CASE("a full database that rolls back the whole transaction fails its batch
   });
   check_whole_batch_failed(path, results);
   CHECK(results[1].error().message.find("full") != std::string::npos);
+}
+
+namespace {
+
+session_row session_named(const std::string& id, std::optional<std::string> parent = {}) {
+  session_row r;
+  r.id = session_id(id);
+  if (parent) r.parent = session_id(*parent);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("staging a revert on a missing session is an error, not a success") {
+  test::scratch_dir dir("revert_missing");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  report_store store(*w, path);
+  auto r = test::run(store.set_revert(session_id("nobody"), true));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::not_found);
+  CHECK(r.error().message.find("'nobody' does not exist") != std::string::npos);
+  REQUIRE(test::run(store.create_session(session_named("someone"))));
+  CHECK(test::run(store.set_revert(session_id("someone"), true)));
+}
+
+TEST_CASE("one admit batch enters the inbox in outbox order, not notification id order") {
+  test::scratch_dir dir("admit_order");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  report_store store(*w, path);
+  REQUIRE(test::run(store.create_session(session_named("parent"))));
+  std::vector<report_item> first{{notification_id("msg_c"), {}, "third by name"},
+                                 {notification_id("msg_a"), {}, "first by name"},
+                                 {notification_id("msg_b"), {}, "second by name"}};
+  std::vector<report_item> second{{notification_id("msg_0"), {}, "before all by name"}};
+  REQUIRE(test::run(store.admit(session_id("parent"), first)));
+  REQUIRE(test::run(store.admit(session_id("parent"), second)));
+  auto inbox = store.inbox(session_id("parent"));
+  REQUIRE(inbox);
+  std::vector<std::string> order;
+  for (auto& r : *inbox) order.push_back(r.nid.str());
+  CHECK(order == std::vector<std::string>{"msg_c", "msg_a", "msg_b", "msg_0"});
+  auto taken = test::run(store.take_inbox(session_id("parent")));
+  REQUIRE(taken);
+  std::vector<std::string> bodies;
+  for (auto& m : *taken) bodies.push_back(m.text);
+  CHECK(bodies == std::vector<std::string>{"third by name", "first by name", "second by name",
+                                           "before all by name"});
+}
+
+TEST_CASE("a child is created in its parent's tenant") {
+  test::scratch_dir dir("tenant");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  report_store store(*w, path);
+  auto parent = session_named("parent");
+  parent.tenant = protocol::tenant_id("acme");
+  REQUIRE(test::run(store.create_session(parent)));
+  REQUIRE(test::run(store.spawn(session_named("child", "parent"), session_id("child"), "go", {})));
+  auto child = store.session(session_id("child"));
+  REQUIRE(child);
+  REQUIRE(*child);
+  CHECK((*child)->tenant.str() == "acme");
+}
+
+TEST_CASE("an id minted after the wall clock stepped back sorts after every id in the store") {
+  test::scratch_dir dir("ids_back");
+  auto path = dir.file("t.db");
+  // An id minted ten minutes "ahead": as if the clock has since stepped back.
+  auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                std::chrono::system_clock::now().time_since_epoch() + std::chrono::minutes(10))
+                .count();
+  char tail[32];
+  std::snprintf(tail, sizeof tail, "_%012llx0000", static_cast<unsigned long long>(us));
+  std::string stored = std::string("ses") + tail;
+  {
+    auto w = open_writer(path);
+    report_store store(*w, path);
+    REQUIRE(test::run(store.create_session(session_named(stored))));
+  }
+  auto w = open_writer(path);  // a new boot reads what the store holds
+  auto a = protocol::mint("ses"), b = protocol::mint("ses");
+  INFO("stored " << stored << ", minted " << a << " then " << b);
+  CHECK(a.substr(3) > stored.substr(3));
+  CHECK(b.substr(3) > a.substr(3));
+}
+
+TEST_CASE("an existing empty database file is refused unless the caller creates a database") {
+  test::scratch_dir dir("empty_db");
+  auto path = dir.file("t.db");
+  { std::ofstream(path, std::ios::binary); }  // truncated to 0 bytes
+  auto w = writer::open(db_options{path});
+  REQUIRE_FALSE(w);
+  CHECK(w.error().code == errc::refused);
+  CHECK(w.error().message.find("empty (0 bytes)") != std::string::npos);
+  CHECK(std::filesystem::file_size(path) == 0);
+  CHECK_FALSE(std::filesystem::exists(path + "-wal"));
+
+  db_options create{path};
+  create.create = true;
+  auto made = writer::open(create);
+  REQUIRE(made);
+  (*made)->stop();
+  made->reset();
+  CHECK(std::filesystem::file_size(path) > 0);
+  CHECK(writer::open(db_options{path}));  // a tether database now
+}
+
+TEST_CASE("a new database and its side files are 0600 whatever the umask") {
+  test::scratch_dir dir("modes");
+  auto path = dir.file("t.db");
+  auto old = ::umask(0);
+  auto w = writer::open(db_options{path});
+  ::umask(old);
+  REQUIRE(w);
+  create_table(**w);
+  for (auto& f : {path, path + "-wal", path + "-shm"}) {
+    INFO(f);
+    REQUIRE(std::filesystem::exists(f));
+    auto perms = std::filesystem::status(f).permissions();
+    CHECK((perms & std::filesystem::perms::all) ==
+          (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
+  }
 }
