@@ -22,6 +22,7 @@ result<std::unique_ptr<host>> host::open(host_options opts) {
   persistence::db_options dbo;
   dbo.path = opts.db_path;
   dbo.sync = opts.sync;
+  dbo.create = opts.create_db;
   dbo.max_batch = opts.max_batch;
   auto w = persistence::writer::open(dbo);
   if (!w) return w.error();
@@ -189,8 +190,14 @@ std::vector<protocol::running_item> host::outstanding(const session_id& s) {
 }
 
 awaitable<result<session_id>> host::create_session(std::string description,
-                                                   std::optional<session_id> id, std::string agent) {
+                                                   std::optional<session_id> id, std::string agent,
+                                                   protocol::tenant_id tenant) {
+  if (tenant.empty())
+    co_return error{errc::invalid,
+                    "a session needs a tenant; the empty tenant was refused and "
+                    "no session was created"};
   persistence::session_row row;
+  row.tenant = std::move(tenant);
   row.id = id ? *id : session_id(protocol::mint("ses"));
   row.description = std::move(description);
   row.agent = std::move(agent);
@@ -368,6 +375,10 @@ awaitable<result<boot_report>> host::boot() {
   auto rep_m = std::make_shared<std::mutex>();
   boot_report& rep = *shared_rep;
   std::map<session_id, std::vector<job_row>> owed;  // terminal rows by parent, in order
+  // Every field a decision below depends on validates before anything runs,
+  // is delivered or is written.
+  auto valid = co_await store_->validate();
+  if (!valid) co_return error{valid.error().code, "refusing to boot: " + valid.error().message};
   // Owned jobs first: an outstanding owner that cannot be recovered stops the
   // boot before any session resumes, so no new work starts.
   auto recovered = co_await jobs_->recover();
@@ -389,9 +400,11 @@ awaitable<result<boot_report>> host::boot() {
     }
   }
 
-  // Phase 1: deliver terminal rows as they are; count running rows against
-  // the child's resume budget.
+  // Phase 1: deliver terminal rows as they are; count this boot against the
+  // resume budget of each child with running rows, once per child however
+  // many rows it owes.
   std::set<session_id> children_with_jobs;
+  std::map<session_id, result<int>> resumes;  // the child's count after this boot's bump
   for (auto& row : *jobs) {
     if (row.kind == "shell") {
       if (!row.child) continue;
@@ -418,7 +431,12 @@ awaitable<result<boot_report>> host::boot() {
       continue;
     }
     if (!row.child) continue;
-    auto attempts = co_await store_->bump_resume(*row.child);
+    auto counted = resumes.find(*row.child);
+    if (counted == resumes.end()) {
+      auto bumped = co_await store_->bump_resume(*row.child);
+      counted = resumes.emplace(*row.child, std::move(bumped)).first;
+    }
+    const auto& attempts = counted->second;
     if (!attempts) {
       warn("boot: job " + row.id.str() + ": " + attempts.error().message + "; the row was kept");
       ++rep.kept;
@@ -441,6 +459,9 @@ awaitable<result<boot_report>> host::boot() {
       req.background_job = row.id;
       bool deliverable = (*child)->row().parent && (*child)->row().notify.value_or(true);
       req.drop_background = !deliverable;
+      // The count stays: a crash before the child's other rows settle must
+      // not give them a fresh budget.
+      req.keep_resume_attempts = true;
       req.body = protocol::render_report(
           *row.child, protocol::report_state::error, row.description,
           "Subagent failed: resume budget of " + std::to_string(opts_.resume_budget) +

@@ -31,6 +31,9 @@ namespace tether::actors {
 struct host_options {
   std::string db_path;
   persistence::sync_mode sync = persistence::sync_mode::full;
+  /// The caller is creating a database (see persistence::db_options::create):
+  /// only then does an existing empty file become a new database.
+  bool create_db = false;
   std::size_t max_batch = 1024;  // writer requests per transaction (1 = no group commit)
   std::size_t threads = 0;  // 0 = one per core
   int resume_budget = 3;    // resumes of a child before its job reports an error
@@ -68,10 +71,10 @@ class host {
   /// top-level sessions, (3) then resume children.
   awaitable<result<boot_report>> boot();
 
-  /// Creates a top-level session.
-  awaitable<result<session_id>> create_session(std::string description,
-                                               std::optional<session_id> id = {},
-                                               std::string agent = "general");
+  /// Creates a top-level session in `tenant`; its children are in the same tenant.
+  awaitable<result<session_id>> create_session(
+      std::string description, std::optional<session_id> id = {}, std::string agent = "general",
+      protocol::tenant_id tenant = protocol::tenant_id("default"));
   /// Appends a prompt (or steer) durably, then wakes the session.
   awaitable<result<std::int64_t>> prompt(session_id s, std::string text, bool steer = false);
   void interrupt(const session_id& s);

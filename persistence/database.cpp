@@ -1,13 +1,20 @@
 #include "tether/persistence/database.hpp"
 
 #include "tether/persistence/schema.hpp"
+#include "tether/protocol/ids.hpp"
 
 #include <SQLiteCpp/Exception.h>
 #include <SQLiteCpp/Statement.h>
 #include <SQLiteCpp/Transaction.h>
 #include <sqlite3.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace tether::persistence {
 
@@ -32,6 +39,109 @@ error corrupt_row(std::string_view table, const std::string& key, const std::str
 
 error read_error(std::string_view what, const std::exception& e) {
   return error{errc::io, std::string(what) + ": " + sqlite_message(e)};
+}
+
+namespace {
+
+// One check: the first row of `table` matching `bad` is refused as
+// "<field>: <problem> (found <value>)".
+struct row_check {
+  const char* table;
+  const char* key;  // SQL naming the row
+  const char* field;
+  const char* bad;  // SQL condition
+  const char* problem;
+};
+
+#define TETHER_NOT_UINT(c) "(typeof(" c ") != 'integer' OR " c " < 0)"
+#define TETHER_NOT_BOOL(c) "(" c " IS NOT 0 AND " c " IS NOT 1)"
+// A scope column that disagrees with the JSON scope it was written from.
+#define TETHER_SCOPE_DIFFERS(c) \
+  "(json_valid(scope) AND " c " IS NOT json_extract(scope, '$." c "'))"
+
+const row_check k_row_checks[] = {
+    {"sessions", "id", "id", "id = ''", "empty"},
+    {"sessions", "id", "status", "status NOT IN ('idle','busy')", "unknown value"},
+    {"sessions", "id", "turn", "status = 'busy' AND turn IS NULL", "missing on a busy session"},
+    {"sessions", "id", "turn", "turn = ''", "empty"},
+    {"sessions", "id", "time_suspended", "status = 'busy' AND time_suspended IS NULL",
+     "missing on a busy session (its claim)"},
+    {"sessions", "id", "time_suspended", "status = 'idle' AND time_suspended IS NOT NULL",
+     "set on an idle session"},
+    {"sessions", "id", "tenant", "typeof(tenant) != 'text' OR tenant = ''", "empty or not text"},
+    {"sessions", "id", "seq", TETHER_NOT_UINT("seq"), "not a non-negative integer"},
+    {"sessions", "id", "input_cursor", TETHER_NOT_UINT("input_cursor") " OR input_cursor > seq",
+     "not an integer in 0..seq"},
+    {"sessions", "id", "resume_attempts", TETHER_NOT_UINT("resume_attempts"),
+     "not a non-negative integer"},
+    {"sessions", "id", "parent_id", "parent_id = '' OR parent_id = id",
+     "empty or the session itself"},
+    {"sessions", "id", "parent_notify",
+     "parent_notify IS NOT NULL AND " TETHER_NOT_BOOL("parent_notify"), "not NULL, 0 or 1"},
+    {"sessions", "id", "job_notify", TETHER_NOT_BOOL("job_notify"), "not 0 or 1"},
+    {"sessions", "id", "revert_staged", TETHER_NOT_BOOL("revert_staged"), "not 0 or 1"},
+    {"sessions", "id", "job_policy", "job_policy NOT IN ('withhold','report_now')",
+     "unknown value"},
+    {"messages", "session_id || '/' || seq", "seq",
+     TETHER_NOT_UINT("seq") " OR seq > (SELECT s.seq FROM sessions s WHERE s.id = session_id)",
+     "not an integer in 0..the session's seq"},
+    {"messages", "session_id || '/' || seq", "role", "role NOT IN ('user','assistant')",
+     "unknown value"},
+    {"messages", "session_id || '/' || seq", "kind",
+     "kind NOT IN ('prompt','steer','report','notice','answer','control')", "unknown value"},
+    {"messages", "session_id || '/' || seq", "status", "status NOT IN ('completed','error')",
+     "unknown value"},
+    {"messages", "session_id || '/' || seq", "payload",
+     "CASE WHEN json_valid(payload) THEN json_type(payload, '$.text') IS NOT 'text' ELSE 1 END",
+     "not a JSON object with a text"},
+    {"jobs", "id", "notification_id", "notification_id = ''", "empty"},
+    {"jobs", "id", "generation", TETHER_NOT_UINT("generation"), "not a non-negative integer"},
+    {"jobs", "id", "child_id", "kind = 'shell' AND child_id IS NULL", "missing on a shell row"},
+    {"jobs", "id", "child_id", "kind = 'subagent' AND status = 'running' AND child_id IS NULL",
+     "missing on a running subagent row"},
+    {"inbox", "session_id || '/' || notification_id", "state", "state NOT IN ('pending','acked')",
+     "unknown value"},
+    {"inbox", "session_id || '/' || notification_id", "admitted_seq",
+     TETHER_NOT_UINT("admitted_seq"), "not a non-negative integer"},
+    {"inbox", "session_id || '/' || notification_id", "admitted_ord",
+     TETHER_NOT_UINT("admitted_ord"), "not a non-negative integer"},
+    {"owned_jobs", "id", "scope", "NOT json_valid(scope)", "not JSON"},
+    {"owned_jobs", "id", "tenant", "tenant = '' OR " TETHER_SCOPE_DIFFERS("tenant"),
+     "empty or not its scope's tenant"},
+    {"owned_jobs", "id", "thread", TETHER_SCOPE_DIFFERS("thread"), "not its scope's thread"},
+    {"owned_jobs", "id", "turn", TETHER_SCOPE_DIFFERS("turn"), "not its scope's turn"},
+    {"owned_jobs", "id", "state",
+     "state NOT IN ('admitted','running','completed','failed','cancelled','lost')",
+     "unknown value"},
+    {"receipts", "id", "state", "state NOT IN ('pending','acked','read','dropped')",
+     "unknown value"},
+    {"receipts", "id", "transition",
+     "transition NOT IN ('started','completed','failed','cancelled','lost')", "unknown value"},
+    {"receipts", "id", "scope", "NOT json_valid(scope)", "not JSON"},
+    {"sandboxes", "id", "generation", TETHER_NOT_UINT("generation"), "not a non-negative integer"},
+};
+
+#undef TETHER_NOT_UINT
+#undef TETHER_NOT_BOOL
+#undef TETHER_SCOPE_DIFFERS
+
+}  // namespace
+
+result<void> validate_rows(SQLite::Database& db) {
+  for (const auto& c : k_row_checks) {
+    std::string sql = std::string("SELECT ") + c.key + ", quote(" + c.field + ") FROM " + c.table +
+                      " WHERE " + c.bad + " LIMIT 1";
+    try {
+      SQLite::Statement q(db, sql);
+      if (q.executeStep())
+        return corrupt_row(c.table, q.getColumn(0).getString(),
+                           std::string(c.field) + ": " + c.problem + " (found " +
+                               q.getColumn(1).getString() + ")");
+    } catch (const std::exception& e) {
+      return read_error(std::string("checking ") + c.table + "." + c.field, e);
+    }
+  }
+  return {};
 }
 
 int latest_schema_version() { return static_cast<int>(migrations().size()); }
@@ -71,9 +181,59 @@ result<void> migrate(SQLite::Database& db) {
   return {};
 }
 
+// Ids minted by this process sort after every id the store holds, even if
+// the wall clock stepped back since they were minted.
+void seed_mint_floor(SQLite::Database& db) {
+  static const char* const k_ids[][2] = {
+      {"sessions", "id"},          {"sessions", "turn"},         {"jobs", "id"},
+      {"jobs", "notification_id"}, {"inbox", "notification_id"}, {"owned_jobs", "id"}};
+  std::string sql = "SELECT max(t) FROM (";
+  for (std::size_t i = 0; i < std::size(k_ids); ++i) {
+    if (i) sql += " UNION ALL ";
+    sql += "SELECT substr(" + std::string(k_ids[i][1]) + ", -18) AS t FROM " + k_ids[i][0] +
+           " WHERE " + k_ids[i][1] + " GLOB ?1";
+  }
+  sql += ")";
+  SQLite::Statement q(db, sql);
+  q.bind(1, std::string(protocol::minted_glob()));
+  if (q.executeStep() && !q.getColumn(0).isNull()) protocol::mint_floor(q.getColumn(0).getString());
+}
+
+}  // namespace
+
+namespace {
+
+// Creates a missing database file 0600 whatever the umask (SQLite gives its
+// -wal, -shm and -journal files the database file's mode), and refuses an
+// existing empty one unless the caller is creating a database.
+result<void> prepare_file(const db_options& opts) {
+  const auto& path = opts.path;
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    ::fchmod(fd, 0600);
+    ::close(fd);
+    return {};
+  }
+  if (errno != EEXIST)
+    return error{errc::io, "cannot create database '" + path + "': " + std::strerror(errno) +
+                               "; nothing was created"};
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != 0) return {};
+  struct stat wal {};
+  if (::stat((path + "-wal").c_str(), &wal) == 0 && wal.st_size > 0) return {};  // lives in its WAL
+  if (!opts.create)
+    return error{errc::refused, "refusing to open '" + path +
+                                    "': the file is empty (0 bytes), so whatever it held is gone; "
+                                    "it is not adopted as a new database unless the caller asks "
+                                    "to create one; the file was left untouched"};
+  ::chmod(path.c_str(), 0600);
+  return {};
+}
+
 }  // namespace
 
 result<std::unique_ptr<SQLite::Database>> open_for_write(const db_options& opts) {
+  if (auto r = prepare_file(opts); !r) return r.error();
   try {
     auto db = std::make_unique<SQLite::Database>(
         opts.path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE | SQLite::OPEN_NOMUTEX);
@@ -84,12 +244,27 @@ result<std::unique_ptr<SQLite::Database>> open_for_write(const db_options& opts)
                                           : "PRAGMA synchronous = NORMAL");
     db->exec("PRAGMA foreign_keys = ON");
     if (auto r = migrate(*db); !r) return r.error();
+    seed_mint_floor(*db);
     return db;
   } catch (const std::exception& e) {
     return error{errc::io, "cannot open database '" + opts.path + "': " + sqlite_message(e) +
                                "; nothing was changed"};
   }
 }
+
+namespace {
+
+// The header's read and write versions are 2 in WAL mode.
+bool is_wal(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  unsigned char h[20] = {};
+  auto n = ::pread(fd, h, sizeof h, 0);
+  ::close(fd);
+  return n == static_cast<ssize_t>(sizeof h) && h[18] == 2 && h[19] == 2;
+}
+
+}  // namespace
 
 result<int> check_readable(const std::string& path) {
   std::error_code ec;
@@ -115,8 +290,28 @@ result<int> check_readable(const std::string& path) {
                                       "does); the file was left untouched"};
     return ver;
   } catch (const std::exception& e) {
-    return error{errc::refused, "refusing to read '" + path + "': it is not a tether database (" +
-                                    sqlite_message(e) + "); the file was left untouched"};
+    auto* se = dynamic_cast<const SQLite::Exception*>(&e);
+    int code = se ? se->getErrorCode() : 0;
+    if (code == SQLITE_NOTADB)
+      return error{errc::refused, "refusing to read '" + path + "': it is not a tether database (" +
+                                      sqlite_message(e) + "); the file was left untouched"};
+    if ((code == SQLITE_CANTOPEN || code == SQLITE_READONLY) && is_wal(path)) {
+      auto dir = std::filesystem::path(path).parent_path();
+      if (dir.empty()) dir = ".";
+      bool dir_writable = ::access(dir.c_str(), W_OK) == 0;
+      return error{errc::io, "cannot read '" + path +
+                                 "': it is a WAL database, and SQLite could not open or create "
+                                 "its side files '" +
+                                 path + "-shm' and '" + path + "-wal'" +
+                                 (dir_writable ? std::string()
+                                               : " (the directory '" + dir.string() +
+                                                     "' is not writable by this user)") +
+                                 ": " + sqlite_message(e) +
+                                 "; read it as a user who may write there, or copy the database "
+                                 "with its -wal file elsewhere; the file was left untouched"};
+    }
+    return error{errc::io, "cannot read '" + path + "': " + sqlite_message(e) +
+                               "; the file was left untouched"};
   }
 }
 

@@ -30,6 +30,11 @@ struct db_options {
   sync_mode sync = sync_mode::full;
   std::size_t max_batch = 1024;               // requests per transaction
   std::size_t max_batch_bytes = 8u << 20;     // payload bytes per transaction
+  /// The caller is creating a database: an existing empty (zero-length) file
+  /// becomes a new one. Without it an empty file is refused (a truncated
+  /// database is not adopted as a new one); a missing file is created either
+  /// way. A file created here is 0600, and so are its side files.
+  bool create = false;
 };
 
 /// The schema version this build writes.
@@ -88,6 +93,14 @@ std::string sqlite_message(const std::exception& e);
 
 /// A row that does not parse: refused, naming table, key and problem, and left as it is.
 error corrupt_row(std::string_view table, const std::string& key, const std::string& problem);
+
+/// Every persisted field a boot decides on, checked in the caller's
+/// connection (read only): an unknown state word, a busy session without its
+/// turn or claim, a message without text, an empty tenant, an owned job whose
+/// columns disagree with its scope, a negative or non-integer counter. The
+/// first row that does not validate is refused with corrupt_row(), naming
+/// table, key and field; nothing is changed.
+result<void> validate_rows(SQLite::Database& db);
 
 /// A read that SQLite failed: what was being read, and what SQLite said.
 error read_error(std::string_view what, const std::exception& e);

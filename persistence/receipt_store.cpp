@@ -76,7 +76,7 @@ bool parse_enum(const std::string& text, E& out, std::initializer_list<E> all) {
   return false;
 }
 
-constexpr const char* k_job_cols = "id, scope, state, command, completion";
+constexpr const char* k_job_cols = "id, scope, state, command, completion, tenant, thread, turn";
 
 result<owned_job> decode_job(SQLite::Statement& q) {
   owned_job j;
@@ -87,6 +87,17 @@ result<owned_job> decode_job(SQLite::Statement& q) {
       [](const json::value& v) { return protocol::scope_from_json(v); });
   if (!scope) return corrupt_row("owned_jobs", key, "scope: " + scope.error().describe());
   j.scope = std::move(*scope);
+  // The columns recovery and the turn index read must say what the scope says.
+  const std::pair<const char*, const std::string*> columns[] = {{"tenant", &j.scope.tenant.str()},
+                                                                {"thread", &j.scope.thread.str()},
+                                                                {"turn", &j.scope.turn.str()}};
+  for (int i = 0; i < 3; ++i) {
+    auto col = q.getColumn(5 + i).getString();
+    if (col != *columns[i].second)
+      return corrupt_row("owned_jobs", key,
+                         std::string(columns[i].first) + ": '" + col + "' is not its scope's '" +
+                             *columns[i].second + "'");
+  }
   auto state = q.getColumn(2).getString();
   using S = owned_state;
   if (!parse_enum(state, j.state,

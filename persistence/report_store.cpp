@@ -134,9 +134,13 @@ void insert_subagent_terminal(SQLite::Database& db, const job_id& job, protocol:
 }
 
 void insert_session(SQLite::Database& db, const session_row& r) {
-  auto& st = cached_statement(db, "INSERT INTO sessions (id, parent_id, parent_notify, description, agent, "
+  auto& st =
+      cached_statement(db,
+                       "INSERT INTO sessions (id, parent_id, parent_notify, description, agent, "
                        "status, created_at, tenant, job_notify, job_policy) "
-                       "VALUES (?, ?, ?, ?, ?, 'idle', ?, ?, ?, ?)");
+                       "VALUES (?, ?, ?, ?, ?, 'idle', ?, "
+                       // A child is in its parent's tenant.
+                       "coalesce((SELECT tenant FROM sessions WHERE id = ?2), ?), ?, ?)");
   st.bind(1, r.id.str());
   bind_opt(st, 2, r.parent);
   if (r.notify)
@@ -160,10 +164,19 @@ std::optional<std::vector<bool>> admit_in_tx(SQLite::Database& db, const session
   seq.bind(1, to.str());
   if (!seq.executeStep()) return std::nullopt;
   auto at_seq = seq.getColumn(0).getInt64();
+  seq.reset();
+  // Admission order, items in the order given (the outbox order), after
+  // everything admitted before.
+  auto& last =
+      cached_statement(db, "SELECT coalesce(max(admitted_ord), 0) FROM inbox WHERE session_id = ?");
+  last.bind(1, to.str());
+  last.executeStep();
+  auto ord = last.getColumn(0).getInt64();
+  last.reset();
   auto& st = cached_statement(db,
                               "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
-                              "from_session, body, admitted_seq, admitted_at) "
-                              "VALUES (?, ?, ?, ?, ?, ?)");
+                              "from_session, body, admitted_seq, admitted_at, admitted_ord) "
+                              "VALUES (?, ?, ?, ?, ?, ?, ?)");
   std::vector<bool> out;
   out.reserve(items.size());
   auto now = now_ms();
@@ -175,6 +188,7 @@ std::optional<std::vector<bool>> admit_in_tx(SQLite::Database& db, const session
     st.bind(4, i.body);
     st.bind(5, at_seq);
     st.bind(6, now);
+    st.bind(7, ++ord);
     out.push_back(st.exec() == 1);
   }
   return out;
@@ -187,6 +201,8 @@ result<message_row> decode_message(const std::string& session, SQLite::Statement
   m.kind = q.getColumn(2).getString();
   m.status = q.getColumn(3).getString();
   std::string key = session + "/" + std::to_string(m.seq);
+  if (m.role != "user" && m.role != "assistant")
+    return corrupt_row("messages", key, "role: unknown value '" + m.role + "'");
   if (m.status != "completed" && m.status != "error")
     return corrupt_row("messages", key, "status: unknown value '" + m.status + "'");
   auto p = protocol::decode_text<protocol::message_payload>(
@@ -224,6 +240,11 @@ result<session_row> decode_session(SQLite::Statement& q) {
   r.job_policy = q.getColumn(15).getString();
   if (r.job_policy != "withhold" && r.job_policy != "report_now")
     return corrupt_row("sessions", r.id.str(), "job_policy: unknown value '" + r.job_policy + "'");
+  if (r.tenant.empty()) return corrupt_row("sessions", r.id.str(), "tenant: empty");
+  if (r.seq < 0)
+    return corrupt_row("sessions", r.id.str(), "seq: negative (" + std::to_string(r.seq) + ")");
+  if (r.busy && !r.turn)
+    return corrupt_row("sessions", r.id.str(), "turn: missing on a busy session");
   return r;
 }
 
@@ -265,6 +286,11 @@ constexpr const char* k_job_cols =
     "id, notification_id, kind, mode, parent_id, child_id, generation, status, body, payload";
 
 }  // namespace
+
+awaitable<result<void>> report_store::validate() {
+  auto fn = [](SQLite::Database& db) { return validate_rows(db); };
+  co_return co_await w_.write("validate persisted rows", 0, std::move(fn));
+}
 
 awaitable<result<void>> report_store::create_session(session_row row) {
   auto name = "create session " + row.id.str();
@@ -324,7 +350,18 @@ awaitable<result<std::int64_t>> report_store::spawn(std::optional<session_row> c
           st.exec();
         }
         auto seq = append_in_tx(db, child.str(), "user", "prompt", "completed", prompt);
-        if (job) insert_job(db, *job);
+        if (job) {
+          if (job->status == job_status::running) {
+            auto& fresh = cached_statement(
+                db,
+                "UPDATE sessions SET resume_attempts = 0 WHERE id = ? AND NOT EXISTS "
+                "(SELECT 1 FROM jobs WHERE child_id = ? AND status = 'running')");
+            fresh.bind(1, child.str());
+            fresh.bind(2, child.str());
+            fresh.exec();
+          }
+          insert_job(db, *job);
+        }
         return seq;
       };
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
@@ -336,13 +373,16 @@ awaitable<result<settle_result>> report_store::settle(settle_request req) {
   auto fn = [req = std::move(req)](SQLite::Database& db) {
     settle_result out;
     auto now = now_ms();
-    auto& idle = cached_statement(db, "UPDATE sessions SET status = 'idle', time_suspended = NULL, "
-                           "resume_attempts = 0, idle_outcome = ?, time_idle = ?, "
-                           "input_cursor = max(input_cursor, ?) WHERE id = ?");
-    idle.bind(1, std::string(protocol::to_string(req.outcome)));
-    idle.bind(2, now);
-    idle.bind(3, req.input_cursor);
-    idle.bind(4, req.child.str());
+    auto& idle = cached_statement(db,
+                                  "UPDATE sessions SET status = 'idle', time_suspended = NULL, "
+                                  "resume_attempts = CASE WHEN ? THEN resume_attempts ELSE 0 END, "
+                                  "idle_outcome = ?, time_idle = ?, "
+                                  "input_cursor = max(input_cursor, ?) WHERE id = ?");
+    idle.bind(1, req.keep_resume_attempts ? 1 : 0);
+    idle.bind(2, std::string(protocol::to_string(req.outcome)));
+    idle.bind(3, now);
+    idle.bind(4, req.input_cursor);
+    idle.bind(5, req.child.str());
     if (idle.exec() != 1)
       throw std::runtime_error("session '" + req.child.str() + "' does not exist");
     job_status terminal = req.outcome == protocol::report_state::completed ? job_status::completed
@@ -442,8 +482,9 @@ awaitable<result<std::vector<message_row>>> report_store::take_inbox(session_id 
   auto fn = [s = std::move(s)](SQLite::Database& db) {
     std::vector<std::pair<std::string, std::string>> pending;  // nid, body
     {
-      auto& q = cached_statement(db, "SELECT notification_id, body FROM inbox WHERE session_id = ? AND "
-                          "state = 'pending' ORDER BY admitted_seq, admitted_at, notification_id");
+      auto& q = cached_statement(db,
+                                 "SELECT notification_id, body FROM inbox WHERE session_id = ? AND "
+                                 "state = 'pending' ORDER BY admitted_ord, notification_id");
       q.bind(1, s.str());
       while (q.executeStep()) pending.emplace_back(q.getColumn(0).getString(), q.getColumn(1).getString());
     }
@@ -499,11 +540,14 @@ awaitable<result<void>> report_store::set_job_policy(session_id s, bool notify, 
 
 awaitable<result<void>> report_store::set_revert(session_id s, bool staged) {
   auto name = std::string(staged ? "stage" : "clear") + " revert on " + s.str();
-  auto fn = [s = std::move(s), staged](SQLite::Database& db) {
+  auto fn = [s = std::move(s), staged](SQLite::Database& db) -> result<void> {
     auto& st = cached_statement(db, "UPDATE sessions SET revert_staged = ? WHERE id = ?");
     st.bind(1, staged ? 1 : 0);
     st.bind(2, s.str());
-    st.exec();
+    if (st.exec() != 1)
+      return error{errc::not_found, "session '" + s.str() + "' does not exist; no revert was " +
+                                        (staged ? "staged" : "cleared")};
+    return {};
   };
   co_return co_await w_.write(std::move(name), 32, std::move(fn));
 }
@@ -629,8 +673,9 @@ result<std::vector<message_row>> report_reader::messages(const session_id& s, st
 result<std::vector<inbox_row>> report_reader::inbox(const session_id& s) {
   try {
     auto db = readers_.acquire();
-    auto& q = db.statement("SELECT notification_id, from_session, body, state FROM inbox WHERE "
-                        "session_id = ? ORDER BY admitted_seq, admitted_at, notification_id");
+    auto& q = db.statement(
+        "SELECT notification_id, from_session, body, state FROM inbox WHERE "
+        "session_id = ? ORDER BY admitted_ord, notification_id");
     q.bind(1, s.str());
     std::vector<inbox_row> out;
     while (q.executeStep()) {

@@ -93,6 +93,9 @@ struct settle_request {
   std::optional<session_id> parent;            // for the none-mode row
   std::string body;                            // the rendered report
   std::string description;
+  /// Leave resume_attempts as it is (a settle for an exhausted budget);
+  /// otherwise the settle resets it.
+  bool keep_resume_attempts = false;
 };
 
 struct settle_result {
@@ -129,6 +132,10 @@ class report_store : public report_reader {
 
   writer& db_writer() { return w_; }
 
+  /// validate_rows() on the writer's connection (off the caller's executor):
+  /// boot refuses to start on a row that does not validate.
+  awaitable<result<void>> validate();
+
   // --- writes (each one request; answered after COMMIT) ---
   awaitable<result<void>> create_session(session_row row);
   /// Appends a transcript message; returns its seq.
@@ -144,7 +151,8 @@ class report_store : public report_reader {
   awaitable<result<busy_start>> begin_busy(session_id s);
   /// Creates a child (unless it exists), appends its prompt and, for a
   /// background job, writes the running row: all in one transaction, before
-  /// the child's busy period can start.
+  /// the child's busy period can start. A job for a child that owes no other
+  /// running row starts a fresh resume budget.
   awaitable<result<std::int64_t>> spawn(std::optional<session_row> create, session_id child,
                                         std::string prompt, std::optional<job_row> job,
                                         std::optional<bool> notify_update = {});

@@ -115,6 +115,20 @@ CREATE TABLE sandboxes (
   bound_at    INTEGER NOT NULL
 );
 )sql",
+      // 3: the inbox keeps admission order. Rows admitted together share
+      // admitted_seq and admitted_at; admitted_ord (per session, increasing)
+      // keeps the order they were admitted in, which is the outbox order.
+      R"sql(
+ALTER TABLE inbox ADD COLUMN admitted_ord INTEGER NOT NULL DEFAULT 0;
+UPDATE inbox SET admitted_ord = o.ord FROM (
+  SELECT session_id AS s, notification_id AS n, row_number() OVER (
+    PARTITION BY session_id ORDER BY admitted_seq, admitted_at, notification_id) AS ord
+  FROM inbox) AS o
+WHERE inbox.session_id = o.s AND inbox.notification_id = o.n;
+DROP INDEX inbox_pending;
+CREATE INDEX inbox_pending ON inbox(session_id, admitted_ord) WHERE state = 'pending';
+CREATE INDEX inbox_order ON inbox(session_id, admitted_ord);
+)sql",
   };
   return steps;
 }

@@ -117,6 +117,15 @@ void writer::loop() {
   }
 }
 
+error writer::whole_rollback(const detail::request& r, std::size_t at, std::size_t size,
+                             const std::optional<error>& cause) {
+  return error{errc::io, "SQLite rolled back the whole transaction during '" + r.name + "' (" +
+                             (cause ? cause->message : std::string("no error reported")) +
+                             "); nothing of this batch of " + std::to_string(size) +
+                             " requests was written, and the " + std::to_string(size - at - 1) +
+                             " after it were not run"};
+}
+
 void writer::run_batch(std::deque<std::unique_ptr<detail::request>>& batch) {
   auto& db = *db_;
   // A batch that cannot even begin fails as a whole.
@@ -131,7 +140,12 @@ void writer::run_batch(std::deque<std::unique_ptr<detail::request>>& batch) {
     return;
   }
   std::vector<std::optional<error>> errors(batch.size());
-  for (std::size_t i = 0; i < batch.size(); ++i) {
+  // Set when SQLite rolled back the whole transaction inside a request
+  // (SQLITE_FULL, IOERR, NOMEM, BUSY): nothing of this batch is written, and
+  // the requests after it are not run (a SAVEPOINT would open an autocommit
+  // transaction that its RELEASE commits).
+  std::optional<error> lost;
+  for (std::size_t i = 0; i < batch.size() && !lost; ++i) {
     auto& r = *batch[i];
     std::optional<error> err;
     try {
@@ -146,26 +160,38 @@ void writer::run_batch(std::deque<std::unique_ptr<detail::request>>& batch) {
       err = error{errc::failed, "'" + r.name + "' threw: " + std::string(e.what()) +
                                     "; it was rolled back alone"};
     }
+    // A request may leave a cached statement mid-step (a RETURNING read
+    // once): reset them so the savepoint can be released.
+    reset_cached_statements();
+    if (sqlite3_get_autocommit(db.getHandle()) != 0) {
+      lost = whole_rollback(r, i, batch.size(), err);
+      break;
+    }
     try {
-      // A request may leave a cached statement mid-step (a RETURNING read
-      // once): reset them so the savepoint can be released.
-      reset_cached_statements();
       if (err) exec(rollback_to_);
       exec(release_);
     } catch (const std::exception& e) {
       // The savepoint machinery itself failed: the transaction is unusable.
       if (!err) err = error{errc::io, "'" + r.name + "': savepoint release failed: " + sqlite_message(e)};
     }
+    if (sqlite3_get_autocommit(db.getHandle()) != 0) {
+      lost = whole_rollback(r, i, batch.size(), err);
+      break;
+    }
     errors[i] = std::move(err);
   }
-  std::optional<error> commit_err;
-  try {
-    reset_cached_statements();  // no statement keeps a cursor open past the batch
-    db.exec("COMMIT");
-  } catch (const std::exception& e) {
-    commit_err = error{errc::io, "COMMIT failed: " + sqlite_message(e) +
-                                     "; nothing of this batch of " + std::to_string(batch.size()) +
-                                     " requests was written"};
+  std::optional<error> commit_err = std::move(lost);
+  if (!commit_err) {
+    try {
+      reset_cached_statements();  // no statement keeps a cursor open past the batch
+      db.exec("COMMIT");
+    } catch (const std::exception& e) {
+      commit_err =
+          error{errc::io, "COMMIT failed: " + sqlite_message(e) + "; nothing of this batch of " +
+                              std::to_string(batch.size()) + " requests was written"};
+    }
+  }
+  if (commit_err) {
     try {
       if (sqlite3_get_autocommit(db.getHandle()) == 0) db.exec("ROLLBACK");
     } catch (...) {

@@ -5,7 +5,10 @@
 // BEGIN IMMEDIATE transaction, each inside its own SAVEPOINT (a failing request
 // rolls back alone and gets its own error). Only after COMMIT returns is any
 // requester answered; if COMMIT fails, every requester of the batch gets that
-// error. Nothing is ever answered as committed that is not.
+// error; if SQLite rolls the whole transaction back inside a request (a full
+// disk, an I/O error, no memory), the batch ends there and every requester gets
+// that error, the later ones unrun. Nothing is ever answered as committed that
+// is not, and nothing committed is answered as failed.
 #include "tether/persistence/database.hpp"
 #include "tether/runtime/error.hpp"
 #include "tether/runtime/one_shot.hpp"
@@ -22,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -140,6 +144,10 @@ class writer {
   void loop();
   void run_batch(std::deque<std::unique_ptr<detail::request>>& batch);
   static int commit_hook(void* self);
+  // The error every request of a batch gets when SQLite rolled the whole
+  // transaction back while request `at` ran.
+  static error whole_rollback(const detail::request& r, std::size_t at, std::size_t size,
+                              const std::optional<error>& cause);
 
   static void exec(std::unique_ptr<SQLite::Statement>& st);
 

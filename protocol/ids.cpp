@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 
 namespace tether::protocol {
@@ -31,11 +32,56 @@ event_id make_event_id(const job_id& job, transition t) {
   return event_id(job.str() + "/" + std::string(to_string(t)));
 }
 
+namespace {
+
+// "%012llx" is a minimum: µs since 1970 take 13 hex digits until 2112.
+constexpr std::size_t k_counter_digits = 4, k_glob_digits = 13 + k_counter_digits;
+std::atomic<std::uint64_t> g_last_us{0};
+
+// Raises g_last_us to at least `us`; returns the value it holds after.
+void raise_to(std::uint64_t us) {
+  auto last = g_last_us.load();
+  while (last < us && !g_last_us.compare_exchange_weak(last, us)) {
+  }
+}
+
+}  // namespace
+
+std::string_view minted_glob() {
+  static const std::string glob = [] {
+    std::string g = "*_";
+    for (std::size_t i = 0; i < k_glob_digits; ++i) g += "[0-9a-f]";
+    return g;
+  }();
+  return glob;
+}
+
+void mint_floor(std::string_view id) {
+  auto at = id.rfind('_');
+  if (at == std::string_view::npos) return;
+  auto tail = id.size() - at - 1;
+  if (tail < 12 + k_counter_digits || tail > 16 + k_counter_digits) return;
+  std::uint64_t us = 0;
+  for (std::size_t i = at + 1; i < id.size() - k_counter_digits; ++i) {
+    char c = id[i];
+    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (d < 0) return;
+    us = us * 16 + static_cast<std::uint64_t>(d);
+  }
+  raise_to(us);
+}
+
 std::string mint(std::string_view prefix) {
   static std::atomic<unsigned> counter{0};
-  auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-                std::chrono::system_clock::now().time_since_epoch())
-                .count();
+  auto now = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                            std::chrono::system_clock::now().time_since_epoch())
+                                            .count());
+  // Strictly after the last id minted or seen, whatever the wall clock says.
+  auto last = g_last_us.load();
+  std::uint64_t us;
+  do {
+    us = now > last ? now : last + 1;
+  } while (!g_last_us.compare_exchange_weak(last, us));
   char buf[48];
   std::snprintf(buf, sizeof buf, "_%012llx%04x", static_cast<unsigned long long>(us),
                 counter.fetch_add(1) & 0xffff);

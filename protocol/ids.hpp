@@ -45,8 +45,20 @@ bool parse(std::string_view s, transition& out);
 /// The stable id of a job's receipt for one transition: "<job>/<transition>".
 event_id make_event_id(const job_id& job, transition t);
 
-/// Mints unique, sortable ids: prefix + '_' + time in µs (hex) + counter.
+/// Mints unique, sortable ids: prefix + '_' + time in µs (at least 12 hex digits) +
+/// counter (4 hex digits). The time never goes back: it is the wall clock, or
+/// one µs past the last id minted or seen (mint_floor), whichever is later, so
+/// a clock stepped back cannot mint an id older than one already stored.
 std::string mint(std::string_view prefix);
+
+/// Raises the time mint() starts from past `id` if it is a minted id
+/// (anything else is ignored). The store calls it with the newest id it holds.
+void mint_floor(std::string_view id);
+
+/// The SQLite GLOB pattern that matches a minted id's tail ("_" + 17 hex
+/// digits: a time of 13, as until 2112, and the counter), for the store to
+/// find its newest id; tails of one length sort as their times.
+std::string_view minted_glob();
 
 }  // namespace tether::protocol
 

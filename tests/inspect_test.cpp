@@ -5,6 +5,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "catch_result.hpp"
 #include "sandbox_support.hpp"
 #include "support.hpp"
@@ -249,4 +253,54 @@ TEST_CASE("inspect shows owned jobs with their owner scope and every receipt", "
   CHECK(text.output.find("owned jobs (3)") != std::string::npos);
   CHECK(text.output.find("receipts (6, 0 pending)") != std::string::npos);
   CHECK(bytes_of(db) == before);  // read-only
+}
+
+TEST_CASE("a WAL database in a read-only directory is diagnosed as such, not as a foreign file",
+          "[inspect]") {
+  // A directory other users may read but not write, holding a WAL database
+  // with no side files: SQLite cannot create its -shm there.
+  std::string tmpl = (std::filesystem::temp_directory_path() / "tether-rodir-XXXXXX").string();
+  REQUIRE(::mkdtemp(tmpl.data()));
+  std::filesystem::path dir = tmpl;
+  auto path = (dir / "tether.db").string();
+  {
+    auto w = writer::open(db_options{path});
+    REQUIRE(w);
+  }
+  REQUIRE_FALSE(std::filesystem::exists(path + "-shm"));
+  ::chmod(path.c_str(), 0644);
+  ::chmod(dir.c_str(), 0555);
+  auto before = bytes_of(path);
+  // Root may write anywhere: the read then runs as an unprivileged user.
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(2);
+    auto r = check_readable(path);
+    std::string said = r ? std::string("readable") : r.error().message;
+    [[maybe_unused]] auto n = ::write(fds[1], said.data(), said.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string said;
+  char buf[512];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) said.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  auto after = bytes_of(path);
+  ::chmod(dir.c_str(), 0755);
+  std::filesystem::remove_all(dir);
+  INFO(said);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  CHECK(said.find("not a tether database") == std::string::npos);
+  CHECK(said.find("it is a WAL database") != std::string::npos);
+  CHECK(said.find("is not writable by this user") != std::string::npos);
+  CHECK(said.find("the file was left untouched") != std::string::npos);
+  CHECK(after == before);
 }

@@ -2,16 +2,24 @@
 // database identity, reads beside a busy writer.
 #include "support.hpp"
 
+#include "tether/persistence/report_store.hpp"
 #include "tether/persistence/writer.hpp"
+#include "tether/protocol/ids.hpp"
 
 #include "catch_result.hpp"
 
 #include <SQLiteCpp/Statement.h>
 #include <boost/asio/detached.hpp>
+#include <sqlite3.h>
 
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
+
+#include <sys/stat.h>
 
 using namespace tether;
 using namespace tether::persistence;
@@ -227,4 +235,234 @@ TEST_CASE("requests after stop are refused with closed, not lost silently") {
   auto r = runtime::run_to_completion(io, st->async_wait(asio::use_awaitable));
   REQUIRE_FALSE(r);
   CHECK(r.error().code == errc::closed);
+}
+
+namespace {
+
+// A SQL function that fails with `code`: inside a write statement SQLite then
+// rolls the whole transaction back, as it does for a real I/O error.
+void install_fault(SQLite::Database& db, int code) {
+  auto fault = [](sqlite3_context* ctx, int, sqlite3_value**) {
+    sqlite3_result_error_code(ctx, *static_cast<int*>(sqlite3_user_data(ctx)));
+  };
+  static int codes[2] = {SQLITE_IOERR, SQLITE_NOMEM};
+  int* slot = code == SQLITE_IOERR ? &codes[0] : &codes[1];
+  sqlite3_create_function(db.getHandle(), "fault", 0, SQLITE_UTF8, slot, fault, nullptr, nullptr);
+}
+
+// Runs `before`, the faulting request and `after` as one batch (a held
+// request keeps the writer busy while they queue); returns their results.
+std::vector<result<void>> batch_around(writer& w, std::function<void(SQLite::Database&)> faulting) {
+  std::promise<void> inside, release;
+  auto released = release.get_future().share();
+  auto held = w.submit("held", 0, [&inside, released](SQLite::Database&) {
+    inside.set_value();
+    released.wait();
+  });
+  inside.get_future().wait();
+  std::vector<std::shared_ptr<runtime::one_shot<result<void>>>> batch;
+  batch.push_back(w.submit("before", 8, [](SQLite::Database& db) {
+    db.exec("INSERT INTO t (k, v) VALUES (1, 'before')");
+  }));
+  batch.push_back(w.submit("faulting", 8, std::move(faulting)));
+  batch.push_back(w.submit("after", 8, [](SQLite::Database& db) {
+    db.exec("INSERT INTO t (k, v) VALUES (3, 'after')");
+  }));
+  release.set_value();
+  asio::io_context io;
+  auto all = [](auto held, auto batch) -> asio::awaitable<std::vector<result<void>>> {
+    co_await held->async_wait(asio::use_awaitable);
+    std::vector<result<void>> out;
+    for (auto& b : batch) out.push_back(co_await b->async_wait(asio::use_awaitable));
+    co_return out;
+  };
+  return runtime::run_to_completion(io, all(held, batch));
+}
+
+bool has_row(const std::string& path, int k) {
+  SQLite::Database db(path, SQLite::OPEN_READONLY);
+  SQLite::Statement q(db, "SELECT count(*) FROM t WHERE k = ?");
+  q.bind(1, k);
+  q.executeStep();
+  return q.getColumn(0).getInt() == 1;
+}
+
+void check_whole_batch_failed(const std::string& path, const std::vector<result<void>>& results) {
+  REQUIRE(results.size() == 3);
+  const char* names[] = {"before", "faulting", "after"};
+  for (int i = 0; i < 3; ++i) {
+    INFO("request '" << names[i] << "'");
+    // Told it failed, and truly not written: neither in the rolled-back
+    // transaction nor in an autocommit one of its own.
+    REQUIRE_FALSE(results[i]);
+    CHECK(results[i].error().message.find("rolled back the whole transaction during 'faulting'") !=
+          std::string::npos);
+    CHECK(results[i].error().message.find("nothing of this batch of 3 requests was written") !=
+          std::string::npos);
+  }
+  CHECK_FALSE(has_row(path, 1));
+  CHECK_FALSE(has_row(path, 3));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "an I/O error that rolls back the whole transaction fails its batch without committing a later "
+    "request") {
+  test::scratch_dir dir("ioerr");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  create_table(*w);
+  auto results = batch_around(*w, [](SQLite::Database& db) {
+    install_fault(db, SQLITE_IOERR);
+    db.exec("INSERT INTO t (k, v) VALUES (2, fault())");
+  });
+  check_whole_batch_failed(path, results);
+  CHECK(results[2].error().message.find("the 1 after it were not run") != std::string::npos);
+
+  // The writer carries on in a transaction of its own.
+  asio::io_context io;
+  auto next = w->submit(
+      "next", 8, [](SQLite::Database& db) { db.exec("INSERT INTO t (k, v) VALUES (4, 'next')"); });
+  REQUIRE(runtime::run_to_completion(io, next->async_wait(asio::use_awaitable)));
+  CHECK(has_row(path, 4));
+}
+
+TEST_CASE("a full database that rolls back the whole transaction fails its batch truthfully") {
+  test::scratch_dir dir("full");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  create_table(*w);
+  auto results = batch_around(*w, [](SQLite::Database& db) {
+    // The file may not grow: a row bigger than a page needs new pages.
+    auto pages = db.execAndGet("PRAGMA page_count").getInt();
+    db.exec("PRAGMA max_page_count = " + std::to_string(pages));
+    db.exec("INSERT INTO t (k, v) VALUES (2, hex(zeroblob(100000)))");
+  });
+  check_whole_batch_failed(path, results);
+  CHECK(results[1].error().message.find("full") != std::string::npos);
+}
+
+namespace {
+
+session_row session_named(const std::string& id, std::optional<std::string> parent = {}) {
+  session_row r;
+  r.id = session_id(id);
+  if (parent) r.parent = session_id(*parent);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("staging a revert on a missing session is an error, not a success") {
+  test::scratch_dir dir("revert_missing");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  report_store store(*w, path);
+  auto r = test::run(store.set_revert(session_id("nobody"), true));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::not_found);
+  CHECK(r.error().message.find("'nobody' does not exist") != std::string::npos);
+  REQUIRE(test::run(store.create_session(session_named("someone"))));
+  CHECK(test::run(store.set_revert(session_id("someone"), true)));
+}
+
+TEST_CASE("one admit batch enters the inbox in outbox order, not notification id order") {
+  test::scratch_dir dir("admit_order");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  report_store store(*w, path);
+  REQUIRE(test::run(store.create_session(session_named("parent"))));
+  std::vector<report_item> first{{notification_id("msg_c"), {}, "third by name"},
+                                 {notification_id("msg_a"), {}, "first by name"},
+                                 {notification_id("msg_b"), {}, "second by name"}};
+  std::vector<report_item> second{{notification_id("msg_0"), {}, "before all by name"}};
+  REQUIRE(test::run(store.admit(session_id("parent"), first)));
+  REQUIRE(test::run(store.admit(session_id("parent"), second)));
+  auto inbox = store.inbox(session_id("parent"));
+  REQUIRE(inbox);
+  std::vector<std::string> order;
+  for (auto& r : *inbox) order.push_back(r.nid.str());
+  CHECK(order == std::vector<std::string>{"msg_c", "msg_a", "msg_b", "msg_0"});
+  auto taken = test::run(store.take_inbox(session_id("parent")));
+  REQUIRE(taken);
+  std::vector<std::string> bodies;
+  for (auto& m : *taken) bodies.push_back(m.text);
+  CHECK(bodies == std::vector<std::string>{"third by name", "first by name", "second by name",
+                                           "before all by name"});
+}
+
+TEST_CASE("a child is created in its parent's tenant") {
+  test::scratch_dir dir("tenant");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  report_store store(*w, path);
+  auto parent = session_named("parent");
+  parent.tenant = protocol::tenant_id("acme");
+  REQUIRE(test::run(store.create_session(parent)));
+  REQUIRE(test::run(store.spawn(session_named("child", "parent"), session_id("child"), "go", {})));
+  auto child = store.session(session_id("child"));
+  REQUIRE(child);
+  REQUIRE(*child);
+  CHECK((*child)->tenant.str() == "acme");
+}
+
+TEST_CASE("an id minted after the wall clock stepped back sorts after every id in the store") {
+  test::scratch_dir dir("ids_back");
+  auto path = dir.file("t.db");
+  // An id minted ten minutes "ahead": as if the clock has since stepped back.
+  auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                std::chrono::system_clock::now().time_since_epoch() + std::chrono::minutes(10))
+                .count();
+  char tail[32];
+  std::snprintf(tail, sizeof tail, "_%012llx0000", static_cast<unsigned long long>(us));
+  std::string stored = std::string("ses") + tail;
+  {
+    auto w = open_writer(path);
+    report_store store(*w, path);
+    REQUIRE(test::run(store.create_session(session_named(stored))));
+  }
+  auto w = open_writer(path);  // a new boot reads what the store holds
+  auto a = protocol::mint("ses"), b = protocol::mint("ses");
+  INFO("stored " << stored << ", minted " << a << " then " << b);
+  CHECK(a.substr(3) > stored.substr(3));
+  CHECK(b.substr(3) > a.substr(3));
+}
+
+TEST_CASE("an existing empty database file is refused unless the caller creates a database") {
+  test::scratch_dir dir("empty_db");
+  auto path = dir.file("t.db");
+  { std::ofstream(path, std::ios::binary); }  // truncated to 0 bytes
+  auto w = writer::open(db_options{path});
+  REQUIRE_FALSE(w);
+  CHECK(w.error().code == errc::refused);
+  CHECK(w.error().message.find("empty (0 bytes)") != std::string::npos);
+  CHECK(std::filesystem::file_size(path) == 0);
+  CHECK_FALSE(std::filesystem::exists(path + "-wal"));
+
+  db_options create{path};
+  create.create = true;
+  auto made = writer::open(create);
+  REQUIRE(made);
+  (*made)->stop();
+  made->reset();
+  CHECK(std::filesystem::file_size(path) > 0);
+  CHECK(writer::open(db_options{path}));  // a tether database now
+}
+
+TEST_CASE("a new database and its side files are 0600 whatever the umask") {
+  test::scratch_dir dir("modes");
+  auto path = dir.file("t.db");
+  auto old = ::umask(0);
+  auto w = writer::open(db_options{path});
+  ::umask(old);
+  REQUIRE(w);
+  create_table(**w);
+  for (auto& f : {path, path + "-wal", path + "-shm"}) {
+    INFO(f);
+    REQUIRE(std::filesystem::exists(f));
+    auto perms = std::filesystem::status(f).permissions();
+    CHECK((perms & std::filesystem::perms::all) ==
+          (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
+  }
 }

@@ -77,8 +77,10 @@ void open_gate(const fs::path& dir) {
 }
 
 result<std::unique_ptr<actors::host>> open_host(const fs::path& dir,
-                                                std::shared_ptr<actors::scripted_agents> agents) {
+                                                std::shared_ptr<actors::scripted_agents> agents,
+                                                bool create = false) {
   actors::host_options o;
+  o.create_db = create;  // only a story's first run creates its database
   o.db_path = (dir / "tether.db").string();
   o.agents = std::move(agents);
   return actors::host::open(o);
@@ -148,7 +150,7 @@ bool expect(bool ok, const std::string& what, int& failures) {
 // `demo --story DIR`: runs the story from the start (exit 0 when it completed).
 int story_child(const fs::path& dir) {
   prepare_dir(dir);
-  auto h = open_host(dir, story_agents());
+  auto h = open_host(dir, story_agents(), /*create=*/true);
   if (!h) {
     std::cerr << h.error().message << "\n";
     return 3;
@@ -326,7 +328,7 @@ int demo(const args& a) {
             << (live / "tether.db").string() << "\n";
   auto agents = story_agents();
   {
-    auto h = open_host(live, agents);
+    auto h = open_host(live, agents, /*create=*/true);
     if (!h) {
       std::cerr << "tether demo: " << h.error().message << "\n";
       return 1;

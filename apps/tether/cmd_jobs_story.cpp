@@ -93,8 +93,9 @@ T sync(actors::host& h, awaitable<T> a) {
 }
 
 result<std::unique_ptr<actors::host>> open_host(const story_paths& p,
-                                                std::shared_ptr<story_factory> f) {
+                                                std::shared_ptr<story_factory> f, bool create) {
   actors::host_options o;
+  o.create_db = create;  // a story's first run creates its database
   o.db_path = (p.dir / "tether.db").string();
   o.agents = std::move(f);
   o.jobs.sandbox_dir = p.sandbox.string();
@@ -115,7 +116,7 @@ int story(const story_paths& p, bool resume) {
   ::mkfifo(p.gate().c_str(), 0600);
   auto f = std::make_shared<story_factory>();
   f->agent = std::make_shared<story_agent>(p);
-  auto h = open_host(p, f);
+  auto h = open_host(p, f, !resume);
   if (!h) {
     std::cerr << "tether jobs-story: " << h.error().message << "\n";
     return 3;

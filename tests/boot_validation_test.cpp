@@ -1,0 +1,199 @@
+// What a boot decides from disk: the resume budget it counts, and the
+// persisted fields it refuses to boot on when they do not validate.
+#include "report_support.hpp"
+
+#include <fstream>
+#include <sstream>
+
+using namespace tether;
+using namespace tether::test;
+using protocol::session_id;
+
+namespace {
+
+// A child "child" of "parent" that blocks until cancelled, every time it runs;
+// `runs` counts its drains.
+void blocking_child(report_fixture& f, std::shared_ptr<std::atomic<int>> runs,
+                    std::shared_ptr<std::shared_ptr<runtime::one_shot<int>>> entered) {
+  f.code("child")->fn = [runs, entered](agent_context&,
+                                        drain_input) -> boost::asio::awaitable<void> {
+    ++*runs;
+    (*entered)->set(1);
+    co_await until_cancelled();
+  };
+}
+
+// More running background rows owed by "child" to "parent", written into the
+// closed database.
+void add_running_rows(report_fixture& f, int n) {
+  SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
+  for (int i = 0; i < n; ++i) {
+    SQLite::Statement st(db,
+                         "INSERT INTO jobs (id, notification_id, kind, mode, parent_id, child_id, "
+                         "status, payload, created_at, updated_at) VALUES (?, ?, 'subagent', "
+                         "'background', 'parent', 'child', 'running', "
+                         "'{\"description\":\"more\"}', 0, 0)");
+    st.bind(1, "job_more" + std::to_string(i));
+    st.bind(2, "msg_more" + std::to_string(i));
+    st.exec();
+  }
+}
+
+int resume_attempts(report_fixture& f) {
+  SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
+  return db.execAndGet("SELECT resume_attempts FROM sessions WHERE id = 'child'").getInt();
+}
+
+}  // namespace
+
+TEST_CASE("a child owing four background jobs spends one resume per boot, not one per job") {
+  report_fixture f("budget_once", /*resume_budget=*/3);
+  auto runs = std::make_shared<std::atomic<int>>(0);
+  auto entered =
+      std::make_shared<std::shared_ptr<runtime::one_shot<int>>>(runtime::one_shot<int>::make());
+  blocking_child(f, runs, entered);
+  f.parent_spawns("child");
+  f.sync((*entered)->async_wait(boost::asio::use_awaitable));
+  f.close();
+  add_running_rows(f, 3);
+
+  *entered = runtime::one_shot<int>::make();
+  f.open();  // one graceful restart
+  CHECK(f.boot.exhausted == 0);
+  f.sync((*entered)->async_wait(boost::asio::use_awaitable));  // the child runs again
+  f.close();
+  CHECK(resume_attempts(f) == 1);
+  SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
+  CHECK(db.execAndGet("SELECT count(*) FROM jobs WHERE status = 'running'").getInt() == 4);
+  CHECK(db.execAndGet("SELECT count(*) FROM inbox").getInt() == 0);
+}
+
+TEST_CASE(
+    "an exhausted resume budget fails every job of the child and is not reset by its settle") {
+  report_fixture f("budget_kept", /*resume_budget=*/1);
+  auto runs = std::make_shared<std::atomic<int>>(0);
+  auto entered =
+      std::make_shared<std::shared_ptr<runtime::one_shot<int>>>(runtime::one_shot<int>::make());
+  blocking_child(f, runs, entered);
+  f.parent_spawns("child");
+  f.sync((*entered)->async_wait(boost::asio::use_awaitable));
+  f.close();
+  add_running_rows(f, 1);
+  {
+    // One restart already spent the budget.
+    SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
+    db.exec("UPDATE sessions SET resume_attempts = 1 WHERE id = 'child'");
+  }
+  f.open();
+  f.quiet();
+  CHECK(f.boot.exhausted == 2);
+  CHECK(*runs == 1);  // never ran again
+  auto inbox = f.inbox("parent");
+  REQUIRE(inbox.size() == 2);
+  for (auto& r : inbox) CHECK(r.body.find("resume budget of 1 exhausted") != std::string::npos);
+  f.close();
+  CHECK(resume_attempts(f) == 2);
+}
+
+namespace {
+
+std::string bytes_of(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A story stopped mid-way: a parent whose background child is busy (claim,
+// turn, running job row), an acknowledged report in the parent's inbox and a
+// finished owned job. The host is closed.
+void stopped_story(report_fixture& f) {
+  f.spawn_blocking_child();
+  f.close();
+  SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
+  db.exec(
+      "INSERT INTO inbox (session_id, notification_id, from_session, body, state, admitted_seq, "
+      "admitted_at, admitted_ord) VALUES ('parent', 'msg_x', 'child', 'earlier', 'acked', 1, 0, "
+      "1)");
+  db.exec(
+      "INSERT INTO owned_jobs (id, tenant, thread, turn, scope, state, command, created_at, "
+      "updated_at) VALUES ('job_x', 'default', 'parent', 'turn_1', "
+      "'{\"tenant\":\"default\",\"thread\":\"parent\",\"turn\":\"turn_1\",\"sandbox\":\"sbx\","
+      "\"generation\":1}', 'completed', '{\"preview\":\"true\",\"channel\":\"api\"}', 0, 0)");
+}
+
+struct garbling {
+  const char* sql;    // one field garbled
+  const char* table;  // what the refusal names
+  const char* key;
+  const char* field;
+};
+
+const garbling k_garblings[] = {
+    {"UPDATE sessions SET turn = NULL WHERE id = 'child'", "sessions", "child", "turn"},
+    {"UPDATE sessions SET time_suspended = NULL WHERE id = 'child'", "sessions", "child",
+     "time_suspended"},
+    {"UPDATE sessions SET tenant = '' WHERE id = 'parent'", "sessions", "parent", "tenant"},
+    {"UPDATE sessions SET seq = -3 WHERE id = 'child'", "sessions", "child", "seq"},
+    {"UPDATE sessions SET seq = 'many' WHERE id = 'child'", "sessions", "child", "seq"},
+    {"UPDATE sessions SET input_cursor = 99 WHERE id = 'child'", "sessions", "child",
+     "input_cursor"},
+    {"UPDATE sessions SET resume_attempts = -1 WHERE id = 'child'", "sessions", "child",
+     "resume_attempts"},
+    {"UPDATE sessions SET revert_staged = 7 WHERE id = 'parent'", "sessions", "parent",
+     "revert_staged"},
+    {"UPDATE inbox SET state = 'bogus'", "inbox", "parent/msg_x", "state"},
+    {"UPDATE messages SET payload = '{\"nottext\":1}' WHERE session_id = 'child' AND seq = 1",
+     "messages", "child/1", "payload"},
+    {"UPDATE messages SET role = 'god' WHERE session_id = 'child' AND seq = 1", "messages",
+     "child/1", "role"},
+    {"UPDATE messages SET kind = 'whisper' WHERE session_id = 'child' AND seq = 1", "messages",
+     "child/1", "kind"},
+    {"UPDATE messages SET seq = 50 WHERE session_id = 'child' AND seq = 1", "messages", "child/50",
+     "seq"},
+    {"UPDATE jobs SET child_id = NULL WHERE child_id = 'child'", "jobs", "", "child_id"},
+    {"UPDATE jobs SET generation = -1 WHERE child_id = 'child'", "jobs", "", "generation"},
+    {"UPDATE owned_jobs SET tenant = 'other'", "owned_jobs", "job_x", "tenant"},
+    {"UPDATE owned_jobs SET turn = 'turn_2'", "owned_jobs", "job_x", "turn"},
+};
+
+}  // namespace
+
+TEST_CASE("a stopped story whose fields all validate boots") {
+  report_fixture f("garble_none");
+  stopped_story(f);
+  f.agents->code.erase("child");
+  f.on("child", 1, {say("done after the restart")});
+  f.open();
+  f.quiet();
+  CHECK(f.inbox("parent").size() == 2);
+}
+
+TEST_CASE(
+    "a garbled field a boot decides on refuses the boot naming table, key and field, leaving the "
+    "file byte for byte") {
+  for (const auto& g : k_garblings) {
+    DYNAMIC_SECTION(g.sql) {
+      report_fixture f("garble");
+      stopped_story(f);
+      auto path = f.dir.file("tether.db");
+      std::string key = g.key;
+      {
+        SQLite::Database db(path, SQLite::OPEN_READWRITE);
+        if (key.empty())  // the job row's id is minted
+          key = db.execAndGet("SELECT id FROM jobs WHERE child_id = 'child'").getString();
+        db.exec(g.sql);
+        REQUIRE(db.getChanges() == 1);
+      }
+      REQUIRE_FALSE(std::filesystem::exists(path + "-wal"));
+      auto before = bytes_of(path);
+      auto e = f.refused_boot();
+      INFO(e.message);
+      CHECK(e.code == errc::corrupt);
+      CHECK(e.message.find("refusing to boot") != std::string::npos);
+      CHECK(e.message.find(std::string("table '") + g.table + "' key '" + key + "': " + g.field +
+                           ":") != std::string::npos);
+      CHECK(bytes_of(path) == before);
+    }
+  }
+}
