@@ -10,6 +10,7 @@
 #include "tether/actors/host.hpp"
 #include "tether/protocol/scrub.hpp"
 #include "tether/runtime/crash_point.hpp"
+#include "tether/runtime/retry.hpp"
 
 namespace tether::actors {
 
@@ -102,6 +103,12 @@ awaitable<void> job_queue::close() {
   for (auto& w : revs) w->set(revision_);
   auto task = [](job_queue* q, std::shared_ptr<runtime::one_shot<int>> drained) -> awaitable<void> {
     if (q->channel_) q->channel_->close();
+    std::vector<std::shared_ptr<asio::steady_timer>> pausing;
+    {
+      std::lock_guard lk(q->m_);
+      pausing.assign(q->retry_timers_.begin(), q->retry_timers_.end());
+    }
+    for (auto& t : pausing) t->cancel();  // a retry waiting to run gives up now
     if (drained) co_await drained->async_wait(asio::use_awaitable);
   };
   auto run = task(this, drained);
@@ -479,21 +486,59 @@ awaitable<void> job_queue::watch(job_id job, std::shared_ptr<runtime::one_shot<i
 awaitable<void> job_queue::finish(job_id job, owned_state terminal,
                                   std::optional<protocol::shell_completion> c, std::string body,
                                   bool wake_after) {
-  auto won = co_await store_.finish(job, terminal, std::move(c), body);
-  if (!won) {
-    host_.warn("job " + job.str() + ": its " + std::string(persistence::to_string(terminal)) +
-               " receipt was not written: " + won.error().message + "; it stays live");
-    co_return;
+  // The terminal transition is retried until it commits (or the queue
+  // closes): a job whose receipt was never written would stay live for ever,
+  // and a turn withholding its completion would wait on it for ever.
+  auto what =
+      "job " + job.str() + ": its " + std::string(persistence::to_string(terminal)) + " receipt";
+  result<std::optional<receipt>> won = error{errc::failed, "not attempted"};
+  for (int attempt = 0;; ++attempt) {
+    won = co_await store_.finish(job, terminal, c, body);
+    if (won) break;
+    if (!co_await retry_later(attempt)) {
+      host_.warn(what + " was not written: " + won.error().message +
+                 "; the host is shutting down, so the job stays live on disk for the next boot "
+                 "to recover");
+      co_return;
+    }
+    host_.warn(what + " was not written: " + won.error().message +
+               "; the job stays live and "
+               "the write is retried");
   }
   // The first terminal transition won already: it ends the job's live entry
   // once its own receipt was handed over, not this one.
   if (!*won) co_return;
   TETHER_CRASH_POINT("delivery.terminal.after_commit");
-  auto delivered = co_await deliver(std::move(**won), wake_after);
-  if (!delivered)
-    host_.warn("job " + job.str() + ": receipt kept pending: " + delivered.error().message);
+  if (opts_.trace) opts_.trace(job, "terminal");
+  // The hand-over is retried while the host runs: a receipt left pending
+  // would otherwise wait for the next boot, and its turn with it.
+  auto r = std::move(**won);
+  for (int attempt = 0;; ++attempt) {
+    auto delivered = co_await deliver(r, wake_after);
+    if (delivered) break;
+    if (!co_await retry_later(attempt)) {
+      host_.warn(what + " was kept pending: " + delivered.error().message +
+                 "; the host is shutting down, so the next boot hands it over");
+      break;
+    }
+    host_.warn(what + " was not handed over: " + delivered.error().message +
+               "; it stays pending and the hand-over is retried");
+  }
   // Handed over (or kept pending for the next boot): the turn may complete.
   end_live(job);
+}
+
+awaitable<bool> job_queue::retry_later(int attempt) {
+  auto t = std::make_shared<asio::steady_timer>(ex_);
+  {
+    std::lock_guard lk(m_);
+    if (stopped_) co_return false;
+    retry_timers_.insert(t);
+  }
+  co_await runtime::pause_before_retry(*t, attempt);
+  std::lock_guard lk(m_);
+  retry_timers_.erase(t);
+  co_return !stopped_;
 }
 
 // ---- delivery ----------------------------------------------------------------------------

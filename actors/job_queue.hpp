@@ -22,8 +22,10 @@
 // Threads: the queue's coroutines run on its own executor (the routes and the
 // sandbox client live there); public calls hop onto it. The set of live jobs
 // and the revision are also readable from other threads.
+#include <boost/asio/steady_timer.hpp>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "tether/actors/command_route.hpp"
@@ -50,8 +52,9 @@ struct job_queue_options {
   int adapter_failures = 3;
   std::string cwd;  // default working directory of commands; default: the host's
   /// Instrumentation (benches, tests): called on the queue's executor when a
-  /// job's completion arrived ("completion") and when its terminal receipt was
-  /// handed over to the owner's session ("handed_over"). Keep it short.
+  /// job's completion arrived ("completion"), when its terminal transition
+  /// committed ("terminal") and when its terminal receipt was handed over to
+  /// the owner's session ("handed_over"). Keep it short.
   std::function<void(const job_id&, std::string_view stage)> trace;
 };
 
@@ -151,6 +154,9 @@ class job_queue {
                          std::optional<protocol::shell_completion> c, std::string body,
                          bool wake_after = true);
   awaitable<result<bool>> deliver(persistence::receipt r, bool wake_after = true);
+  /// Pauses before retry `attempt` of a write that must not be given up;
+  /// false once the queue closes (close() ends the pause at once).
+  awaitable<bool> retry_later(int attempt);
   /// Runs `task` on the queue's executor, shielded from the caller's cancellation.
   template <class T>
   awaitable<T> on_queue(awaitable<T> task);
@@ -190,6 +196,7 @@ class job_queue {
   bool stopped_ = false;
   long inflight_ = 0;  // coroutines of the queue running (the gate)
   std::shared_ptr<runtime::one_shot<int>> drained_;
+  std::set<std::shared_ptr<boost::asio::steady_timer>> retry_timers_;  // retries pausing (under m_)
 };
 
 }  // namespace tether::actors
