@@ -1,14 +1,15 @@
 #include "tether/actors/session.hpp"
 
-#include "tether/actors/host.hpp"
-#include "tether/protocol/report.hpp"
-#include "tether/runtime/crash_point.hpp"
-
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/use_awaitable.hpp>
+
+#include "tether/actors/host.hpp"
+#include "tether/protocol/report.hpp"
+#include "tether/runtime/crash_point.hpp"
+#include "tether/runtime/retry.hpp"
 
 namespace tether::actors {
 
@@ -192,7 +193,8 @@ awaitable<void> session::handle(session_message& m) {
   using namespace session_msg;
   if (auto* w = std::get_if<wake>(&m)) {
     bool stale = w->admitted_here && !inbox_dirty_;  // a drain already took it
-    if (w->report && !w->admitted_here) inbox_dirty_ = true;  // e.g. a shell notice written beside the actor
+    if (w->report && !w->admitted_here)
+      inbox_dirty_ = true;  // e.g. a shell notice written beside the actor
     // A report admitted while a revert is staged waits for the revert.
     if (!stale && !(w->report && row_.revert_staged)) this->ring(w->scope);
     if (w->counted) host_.activity(-1);
@@ -208,8 +210,9 @@ awaitable<void> session::handle(session_message& m) {
     for (auto& i : a->items) nids.push_back(i.nid);
     auto st = host_.store().admit_submit(id(), std::move(a->items));
     auto ex = get_executor();
-    asio::co_spawn(ex, finish_admit(shared_from_this(), st, std::move(nids), std::move(a->reply), a->receipts),
-                   asio::detached);
+    asio::co_spawn(
+        ex, finish_admit(shared_from_this(), st, std::move(nids), std::move(a->reply), a->receipts),
+        asio::detached);
   } else if (auto* b = std::get_if<bind_job>(&m)) {
     // A follow-up may have changed the link's notify setting.
     if (auto r = host_.store().session(id()); r && *r) row_.notify = (*r)->notify;
@@ -262,7 +265,8 @@ awaitable<void> session::handle(session_message& m) {
       tb->reply.fail(w.error());
       co_return;
     }
-    if (reply) reply->set(std::string("Moved to the background; the report follows as " + nid.str()));
+    if (reply)
+      reply->set(std::string("Moved to the background; the report follows as " + nid.str()));
     tb->reply.send(nid);
   } else if (std::holds_alternative<interrupt>(m)) {
     pending_.reset();
@@ -295,6 +299,7 @@ awaitable<void> session::handle(session_message& m) {
     pending_.reset();
     if (phase_ != phase::idle) drain_cancel_.emit(asio::cancellation_type::terminal);
     release_withhold();
+    if (retry_timer_) retry_timer_->cancel();  // a retry waiting to run gives up now
     for (auto& w : idle_waiters_) w.fail(error{errc::stopped, "host shut down"});
     idle_waiters_.clear();
     error down{errc::stopped, "host shut down before the child settled"};
@@ -310,8 +315,7 @@ awaitable<void> session::handle(session_message& m) {
 }
 
 awaitable<void> session::finish_admit(
-    std::shared_ptr<session> self,
-    std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> st,
+    std::shared_ptr<session> self, std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> st,
     std::vector<notification_id> nids, reply_to<std::vector<bool>> reply, bool receipts) {
   auto r = co_await st->async_wait(asio::use_awaitable);
   if (r) {
@@ -337,6 +341,13 @@ void session::ring(wake_scope s) {
 
 void session::release_withhold() {
   if (withhold_) withhold_->set(0);
+}
+
+awaitable<void> session::pause_before_retry(int attempt) {
+  retry_timer_ = std::make_shared<asio::steady_timer>(get_executor());
+  auto t = retry_timer_;
+  co_await runtime::pause_before_retry(*t, attempt);
+  retry_timer_.reset();
 }
 
 bool session::withholding() {
@@ -428,8 +439,9 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     auto done = runtime::one_shot<drain_end>::make();
     auto ex = get_executor();
     asio::co_spawn(ex, run_drain(ctx, std::move(in)),
-                   asio::bind_cancellation_slot(drain_cancel_.slot(),
-                                                [done](std::exception_ptr e) { done->set(drain_end{e}); }));
+                   asio::bind_cancellation_slot(drain_cancel_.slot(), [done](std::exception_ptr e) {
+                     done->set(drain_end{e});
+                   }));
     auto ended = co_await done->async_wait(asio::use_awaitable);
     auto ep = ended.ep;
     drain_cancel_.slot().clear();
@@ -568,10 +580,20 @@ awaitable<void> session::settle() {
     req.body = render(*answer);
   }
   TETHER_CRASH_POINT("report.settle.before_commit");
+  // The settle is idempotent (the same request, the same promised id): a
+  // failed commit is retried before the session goes idle, so the report is
+  // never lost under its promised id and the binding is never dropped.
   auto committed = co_await store.settle(req);
+  for (int attempt = 0; !committed && !stopping_; ++attempt) {
+    host_.warn("session " + id().str() + ": settle did not commit: " + committed.error().message +
+               "; the busy period stays open and the settle is retried");
+    co_await pause_before_retry(attempt);
+    if (stopping_) break;
+    committed = co_await store.settle(req);
+  }
   if (!committed) {
     host_.warn("session " + id().str() + ": settle did not commit: " + committed.error().message +
-               "; the claim stays and boot resumes it");
+               "; the host is shutting down, so the claim stays and boot resumes it");
     if (job && job->inline_reply) job->inline_reply->set(committed.error());
     co_return;
   }
@@ -583,7 +605,8 @@ awaitable<void> session::settle() {
     auto body = req.body;
     std::vector<persistence::report_item> items{{*nid, id(), std::move(body)}};
     auto d = co_await host_.deliver(*row_.parent, std::move(items));
-    if (!d) host_.warn("report " + nid->str() + ": " + d.error().message + "; the row stays for boot");
+    if (!d)
+      host_.warn("report " + nid->str() + ": " + d.error().message + "; the row stays for boot");
   }
 }
 

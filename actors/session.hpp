@@ -11,16 +11,16 @@
 //
 // The busy period runs as its own coroutine on the actor's executor, so the
 // mailbox keeps taking steers, reports and interrupts while the agent works.
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <deque>
+#include <optional>
+#include <variant>
+
 #include "tether/actors/agent.hpp"
 #include "tether/persistence/report_store.hpp"
 #include "tether/protocol/report.hpp"
 #include "tether/runtime/actor.hpp"
-
-#include <boost/asio/cancellation_signal.hpp>
-
-#include <deque>
-#include <optional>
-#include <variant>
 
 namespace tether::actors {
 
@@ -28,7 +28,6 @@ class host;
 using protocol::job_id;
 using protocol::notification_id;
 using runtime::reply_to;
-
 
 /// The job a busy period reports under (seed §4). The flags close the windows
 /// that classifying before writing opens.
@@ -50,7 +49,7 @@ struct job_binding {
 namespace session_msg {
 struct wake {
   wake_scope scope = wake_scope::input;
-  bool report = false;  // a report or notice was admitted: not woken while a revert is staged
+  bool report = false;   // a report or notice was admitted: not woken while a revert is staged
   bool counted = false;  // host::wake counted it as activity until it is handled
   // The report was admitted through this actor's admit (so inbox_dirty_ knows
   // of it): if a drain already took it, the wake has nothing left to bring.
@@ -115,6 +114,9 @@ class session : public runtime::actor<session, session_message> {
   /// Withhold: while jobs this turn owns run, the busy period stays open,
   /// waiting on a change of the job queue's revision (never on a timer).
   bool withholding();
+  /// Pauses before retry `attempt` of a write that must not be given up; a
+  /// shutdown ends the pause at once (the caller rechecks stopping_).
+  awaitable<void> pause_before_retry(int attempt);
   static awaitable<void> finish_admit(
       std::shared_ptr<session> self,
       std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> st,
@@ -128,7 +130,7 @@ class session : public runtime::actor<session, session_message> {
   bool interrupted_ = false;
   bool failed_ = false;
   bool stopping_ = false;
-  bool inbox_dirty_ = true;  // reports may wait in the inbox (unknown at start)
+  bool inbox_dirty_ = true;        // reports may wait in the inbox (unknown at start)
   bool receipt_admitted_ = false;  // a job receipt was admitted since the last drain began
   std::string error_text_;
   std::int64_t started_seq_ = 0;
@@ -140,6 +142,7 @@ class session : public runtime::actor<session, session_message> {
   std::shared_ptr<runtime::one_shot<int>> busy_done_;
   protocol::turn_id turn_;  // the current busy period's turn
   std::shared_ptr<runtime::one_shot<int>> withhold_;
+  std::shared_ptr<asio::steady_timer> retry_timer_;  // a retry's pause, cancelled by shutdown
 };
 
 }  // namespace tether::actors

@@ -70,3 +70,42 @@ TEST_CASE("a receipt whose hand-over fails is handed over again while the host r
   CHECK(warned(d.f, {j.str(), "was not handed over", "retried"}));
   d.sync(d.host().jobs().wait_idle());
 }
+
+TEST_CASE("a failed settle commit keeps the report under its promised id", "[regression]") {
+  report_fixture f("settle-retry");
+  auto gate = runtime::one_shot<int>::make();
+  f.code("child")->fn = [gate](agent_context& ctx, drain_input) -> boost::asio::awaitable<void> {
+    co_await gate->async_wait(boost::asio::use_awaitable);
+    co_await ctx.say("the answer");
+  };
+  // The settle's COMMIT fails once (nothing else writes then: the parent is idle).
+  std::atomic<bool> injected{false};
+  f.observer->on_settling = [&](const session_id& s) -> boost::asio::awaitable<void> {
+    if (s.str() == "child" && !injected.exchange(true))
+      f.host->store().db_writer().inject_commit_failures(1);
+    co_return;
+  };
+  f.parent_spawns("child");
+  REQUIRE(f.sync(f.host->wait_idle(session_id("parent"))));
+  auto jobs = f.host->store().jobs();
+  REQUIRE(jobs);
+  REQUIRE(jobs->size() == 1);
+  auto promised = (*jobs)[0].nid;
+  gate->set(1);
+  f.quiet();
+  CHECK(injected);
+  CHECK(f.host->store().db_writer().stats().failed_commits == 1);
+  auto inbox = f.inbox("parent");
+  REQUIRE(inbox.size() == 1);
+  CHECK(inbox[0].nid == promised);
+  CHECK(inbox[0].body.find("the answer") != std::string::npos);
+  CHECK(f.observer->settled_of("child") == 1);
+  auto child = f.host->store().session(session_id("child"));
+  REQUIRE(child);
+  REQUIRE(*child);
+  CHECK_FALSE((*child)->time_suspended);  // the claim was released by the retried settle
+  jobs = f.host->store().jobs();
+  REQUIRE(jobs);
+  CHECK(jobs->empty());
+  CHECK(warned(f, {"child", "settle did not commit", "retried"}));
+}
