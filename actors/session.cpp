@@ -45,7 +45,14 @@ class session::context : public agent_context {
     auto r = co_await spawn(std::move(req), false);
     if (!r) co_return r.error();
     auto reply = r->second;
-    co_return co_await reply->async_wait(asio::use_awaitable);
+    auto child = r->first;
+    auto answer = co_await reply->async_wait(asio::use_awaitable);
+    // The caller cancelled the call (its drain was interrupted): the child's
+    // run is cancelled with it (seed 002). A shutdown is not a cancel: the
+    // child keeps its claim for the next boot.
+    if (!answer && answer.error().code == errc::cancelled && !s_->stopping_)
+      s_->host_.interrupt(child);
+    co_return answer;
   }
 
   awaitable<result<std::string>> start_shell(std::string command) override {

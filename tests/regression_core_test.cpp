@@ -109,3 +109,42 @@ TEST_CASE("a failed settle commit keeps the report under its promised id", "[reg
   CHECK(jobs->empty());
   CHECK(warned(f, {"child", "settle did not commit", "retried"}));
 }
+
+TEST_CASE("cancelling a foreground caller interrupts its child", "[regression]") {
+  report_fixture f("fg-cancel");
+  auto entered = runtime::one_shot<int>::make();
+  auto answered = runtime::one_shot<result<std::string>>::make();
+  f.code("parent")->fn = [answered](agent_context& ctx,
+                                    drain_input in) -> boost::asio::awaitable<void> {
+    if (in.inputs.empty() || in.inputs.front().kind != "prompt") co_return;
+    actors::spawn_request req;
+    req.child = session_id("child");
+    req.description = "Audit routes";
+    req.prompt = "go";
+    auto r = co_await ctx.spawn_foreground(std::move(req));
+    answered->set(r);
+  };
+  f.code("child")->fn = [entered](agent_context&, drain_input) -> boost::asio::awaitable<void> {
+    entered->set(1);
+    co_await until_cancelled();
+  };
+  auto p = f.sync(f.host->create_session("parent", session_id("parent")));
+  REQUIRE(p);
+  REQUIRE(f.sync(f.host->prompt(*p, "start")));
+  f.sync(entered->async_wait(boost::asio::use_awaitable));
+  f.host->interrupt(*p);
+  REQUIRE(f.sync(f.host->wait_idle(*p)));
+  // The child's run was cancelled with its caller: it settles, once, as cancelled.
+  REQUIRE(f.sync(f.host->wait_idle(session_id("child"))));
+  auto r = f.sync(answered->async_wait(boost::asio::use_awaitable));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::cancelled);
+  CHECK(f.observer->settled_of("child") == 1);
+  auto child = f.host->store().session(session_id("child"));
+  REQUIRE(child);
+  REQUIRE(*child);
+  CHECK((*child)->idle_outcome == std::optional<std::string>("cancelled"));
+  CHECK_FALSE((*child)->time_suspended);
+  CHECK(f.inbox("parent").empty());  // foreground: no report in the inbox
+  f.quiet();
+}
