@@ -127,7 +127,12 @@ class session::context : public agent_context {
     std::optional<session_id> parent;
     std::optional<bool> notify;
     if (*existing) {
-      if ((*existing)->parent != s_->id() && !req.fork)
+      // A fork creates a new session; only a follow-up reaches an existing
+      // one, and only one's own child of one's own tenant.
+      if (req.fork)
+        co_return error{errc::refused, "a fork creates a new session, but session '" + child.str() +
+                                           "' exists already; nothing was sent"};
+      if ((*existing)->parent != s_->id() || (*existing)->tenant != s_->row_.tenant)
         co_return error{errc::refused, "session '" + child.str() + "' is not a child of '" +
                                            s_->id().str() + "'; no follow-up was sent"};
       parent = (*existing)->parent;
@@ -143,6 +148,7 @@ class session::context : public agent_context {
       }
       row.description = req.description;
       row.agent = req.agent;
+      row.tenant = s_->row_.tenant;  // a child or a fork works for the same tenant
       create = std::move(row);
     }
     job_binding job;

@@ -148,3 +148,113 @@ TEST_CASE("cancelling a foreground caller interrupts its child", "[regression]")
   CHECK(f.inbox("parent").empty());  // foreground: no report in the inbox
   f.quiet();
 }
+
+namespace {
+
+// A session whose every prompt sends one spawn request; the results are kept.
+struct spawner {
+  std::mutex m;
+  std::vector<result<session_id>> results;
+  actors::spawn_request req;
+
+  void install(report_fixture& f, const std::string& s) {
+    f.code(s)->fn = [this](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
+      for (auto& i : in.inputs) {
+        if (i.kind != "prompt") continue;
+        auto r = co_await ctx.spawn_background(req);
+        std::lock_guard lk(m);
+        results.push_back(r);
+      }
+    };
+  }
+  result<session_id> last() {
+    std::lock_guard lk(m);
+    REQUIRE_FALSE(results.empty());
+    return results.back();
+  }
+};
+
+void set_tenant(report_fixture& f, const std::string& s, const std::string& tenant) {
+  f.close();
+  {
+    SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
+    SQLite::Statement st(db, "UPDATE sessions SET tenant = ? WHERE id = ?");
+    st.bind(1, tenant);
+    st.bind(2, s);
+    REQUIRE(st.exec() == 1);
+  }
+  f.open();
+}
+
+int transcript_mentions(report_fixture& f, const std::string& s, const std::string& text) {
+  auto msgs = f.host->store().messages(session_id(s));
+  REQUIRE(msgs);
+  int n = 0;
+  for (auto& m : *msgs) n += m.text.find(text) != std::string::npos ? 1 : 0;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("a fork naming an existing session is refused and that session is not prompted",
+          "[regression]") {
+  report_fixture f("fork-existing");
+  f.on("child", 1, {say("the audit is done")});
+  f.parent_spawns("child");
+  f.quiet();
+  REQUIRE(f.inbox("parent").size() == 1);
+  spawner a;
+  a.req.child = session_id("child");
+  a.req.fork = true;
+  a.req.description = "hijack";
+  a.req.prompt = "report this to your parent";
+  a.install(f, "stranger");
+  auto s = f.sync(f.host->create_session("stranger", session_id("stranger")));
+  REQUIRE(s);
+  REQUIRE(f.sync(f.host->prompt(*s, "go")));
+  f.quiet();
+  auto r = a.last();
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::refused);
+  CHECK(r.error().message.find("a fork creates a new session") != std::string::npos);
+  CHECK(transcript_mentions(f, "child", "report this to your parent") == 0);
+  CHECK(f.inbox("parent").size() == 1);  // nothing reached the child's parent
+  auto jobs = f.host->store().jobs();
+  REQUIRE(jobs);
+  CHECK(jobs->empty());
+}
+
+TEST_CASE("a follow-up reaches one's own child of one's own tenant and nothing else",
+          "[regression]") {
+  report_fixture f("follow-up-tenant");
+  spawner p;
+  p.req.child = session_id("child");
+  p.req.description = "Audit routes";
+  p.req.prompt = "check again";
+  p.install(f, "parent");
+  f.on("child", 1, {say("first check")});
+  f.on("child", 2, {say("second check")});
+  auto s = f.sync(f.host->create_session("parent", session_id("parent")));
+  REQUIRE(s);
+  set_tenant(f, "parent", "acme");
+  // The child is created in the parent's tenant, so a follow-up reaches it.
+  REQUIRE(f.sync(f.host->prompt(*s, "start")));
+  f.quiet();
+  REQUIRE(f.sync(f.host->prompt(*s, "again")));
+  f.quiet();
+  REQUIRE(p.last());
+  auto child = f.host->store().session(session_id("child"));
+  REQUIRE(child);
+  REQUIRE(*child);
+  CHECK((*child)->tenant.str() == "acme");
+  CHECK(f.inbox("parent").size() == 2);
+  // The same link across tenants is refused.
+  set_tenant(f, "child", "other");
+  REQUIRE(f.sync(f.host->prompt(*s, "once more")));
+  f.quiet();
+  auto r = p.last();
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::refused);
+  CHECK(transcript_mentions(f, "child", "check again") == 2);
+  CHECK(f.inbox("parent").size() == 2);
+}
