@@ -209,7 +209,10 @@ awaitable<void> session::handle(session_message& m) {
     if (w->report && !w->admitted_here)
       inbox_dirty_ = true;  // e.g. a shell notice written beside the actor
     // A report admitted while a revert is staged waits for the revert.
-    if (!stale && !(w->report && row_.revert_staged)) this->ring(w->scope);
+    if (!stale && !(w->report && row_.revert_staged)) {
+      this->ring(w->scope);
+      if (w->report && phase_ != phase::idle) report_wake_ = true;
+    }
     if (w->counted) host_.activity(-1);
   } else if (auto* in = std::get_if<input>(&m)) {
     auto seq = co_await host_.store().append(id(), "user", in->kind, "completed", in->text);
@@ -282,7 +285,10 @@ awaitable<void> session::handle(session_message& m) {
       reply->set(std::string("Moved to the background; the report follows as " + nid.str()));
     tb->reply.send(nid);
   } else if (std::holds_alternative<interrupt>(m)) {
+    // An interrupt clears a pending wake, but not a report's: the report was
+    // admitted and is owed a drain, after the interrupted settle.
     pending_.reset();
+    if (report_wake_) pending_ = wake_scope::steer;
     if (phase_ == phase::busy) {
       interrupted_ = true;
       drain_cancel_.emit(asio::cancellation_type::terminal);
@@ -298,7 +304,10 @@ awaitable<void> session::handle(session_message& m) {
         bool pending = false;
         if (inbox)
           for (auto& i : *inbox) pending |= !i.acked;
-        if (pending) this->ring(wake_scope::steer);
+        if (pending) {
+          this->ring(wake_scope::steer);
+          if (phase_ != phase::idle) report_wake_ = true;
+        }
       }
     }
     rv->reply.send(std::move(r));
@@ -396,6 +405,7 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     host_.warn("session " + id().str() + ": cannot open a busy period: " + begun.error().message);
     phase_ = phase::idle;
     pending_.reset();
+    report_wake_ = false;
     host_.note_phase(id(), false, false, false);
     for (auto& w : idle_waiters_) w.fail(begun.error());
     idle_waiters_.clear();
@@ -415,6 +425,7 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     if (interrupted_ || stopping_) break;
     auto scope = pending_.value_or(wake_scope::input);
     pending_.reset();
+    report_wake_ = false;  // this drain takes the inbox
     // Acknowledge: admitted reports move into the transcript. Skipped when
     // nothing was admitted since the last look.
     receipt_admitted_ = false;  // this drain takes what was admitted so far

@@ -127,6 +127,7 @@ class session : public runtime::actor<session, session_message> {
   std::shared_ptr<agent> agent_;
   phase phase_ = phase::idle;
   std::optional<wake_scope> pending_;
+  bool report_wake_ = false;  // pending_ includes a wake for an admitted report
   bool interrupted_ = false;
   bool failed_ = false;
   bool stopping_ = false;

@@ -268,3 +268,48 @@ TEST_CASE("a follow-up reaches one's own child of one's own tenant and nothing e
   CHECK(transcript_mentions(f, "child", "check again") == 2);
   CHECK(f.inbox("parent").size() == 2);
 }
+
+TEST_CASE("an interrupt does not swallow the wake of a report admitted while the parent was busy",
+          "[regression]") {
+  report_fixture f("interrupt-report");
+  auto parked = runtime::one_shot<int>::make();
+  auto later = std::make_shared<std::vector<std::string>>();  // kinds in later drains
+  auto m = std::make_shared<std::mutex>();
+  f.code("parent")->fn = [parked, later, m](agent_context& ctx,
+                                            drain_input in) -> boost::asio::awaitable<void> {
+    bool first = !in.inputs.empty() && in.inputs.front().kind == "prompt";
+    if (!first) {
+      std::lock_guard lk(*m);
+      for (auto& i : in.inputs) later->push_back(i.kind);
+      co_return;
+    }
+    actors::spawn_request req;
+    req.child = session_id("child");
+    req.description = "Audit routes";
+    req.prompt = "go";
+    (void)co_await ctx.spawn_background(std::move(req));
+    parked->set(1);
+    co_await until_cancelled();
+  };
+  auto gate = runtime::one_shot<int>::make();
+  f.code("child")->fn = [gate](agent_context& ctx, drain_input) -> boost::asio::awaitable<void> {
+    co_await gate->async_wait(boost::asio::use_awaitable);
+    co_await ctx.say("the child's answer");
+  };
+  auto p = f.sync(f.host->create_session("parent", session_id("parent")));
+  REQUIRE(p);
+  REQUIRE(f.sync(f.host->prompt(*p, "start")));
+  f.sync(parked->async_wait(boost::asio::use_awaitable));
+  gate->set(1);
+  // The child's settle admitted its report and told the busy parent to wake.
+  REQUIRE(f.sync(f.host->wait_idle(session_id("child"))));
+  f.host->interrupt(*p);
+  f.quiet();
+  auto inbox = f.inbox("parent");
+  REQUIRE(inbox.size() == 1);
+  CHECK(inbox[0].acked);  // taken by a drain after the interrupted settle
+  CHECK(transcript_mentions(f, "parent", "the child's answer") == 1);
+  CHECK(f.observer->started_of("parent") == 2);
+  std::lock_guard lk(*m);
+  CHECK(*later == std::vector<std::string>{"report"});
+}
