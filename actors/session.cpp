@@ -503,16 +503,20 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     if (interrupted_ || stopping_ || !pending_) break;
   }
   // Stopping a turn cancels exactly the jobs it owns, confirmed stopped,
-  // before the turn closes.
-  if (interrupted_ && !stopping_ && host_.jobs().turn_has_live_jobs(id(), turn_)) {
+  // before the turn closes: a stop that is not confirmed is retried while the
+  // turn stays open (a shutdown ends the retries and keeps the claim).
+  for (int attempt = 0; interrupted_ && !stopping_ && host_.jobs().turn_has_live_jobs(id(), turn_);
+       ++attempt) {
     owner_scope me;
     me.tenant = row_.tenant;
     me.thread = id();
     me.turn = turn_;
     auto stopped = co_await host_.jobs().stop_turn(std::move(me));
-    if (!stopped)
-      host_.warn("session " + id().str() + ": stopping turn " + turn_.str() + ": " +
-                 stopped.error().message);
+    if (stopping_ || !host_.jobs().turn_has_live_jobs(id(), turn_)) break;
+    host_.warn("session " + id().str() + ": stopping turn " + turn_.str() + ": " +
+               (stopped ? std::string("a job it owns is still live") : stopped.error().message) +
+               "; the turn stays open and the stop is retried");
+    co_await pause_before_retry(attempt);
   }
   if (stopping_) {  // graceful shutdown: keep the claim and the running row
     busy_done_->set(0);

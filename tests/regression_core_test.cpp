@@ -313,3 +313,63 @@ TEST_CASE("an interrupt does not swallow the wake of a report admitted while the
   std::lock_guard lk(*m);
   CHECK(*later == std::vector<std::string>{"report"});
 }
+
+namespace {
+
+// An adapter route over its own connection to the daemon that answers the
+// first `refusals` kills with a refusal (an answer, so no fallback): the kill
+// is not confirmed.
+class refusing_kill_route : public actors::command_route {
+ public:
+  refusing_kill_route(std::unique_ptr<sandbox_client> c, std::shared_ptr<std::atomic<int>> refusals)
+      : real_("refusing-inner", std::move(c)), refusals_(std::move(refusals)) {}
+  std::string name() const override { return "refusing-adapter"; }
+  awaitable<result<wire::started_rep>> exec(wire::exec_req r) override {
+    co_return co_await real_.exec(std::move(r));
+  }
+  awaitable<result<protocol::shell_completion>> wait(job_id job) override {
+    co_return co_await real_.wait(std::move(job));
+  }
+  awaitable<result<protocol::shell_completion>> kill(job_id job) override {
+    if (refusals_->fetch_sub(1) > 0)
+      co_return error{errc::refused, "injected: the kill was refused", true};
+    co_return co_await real_.kill(std::move(job));
+  }
+  void close() override { real_.close(); }
+
+ private:
+  actors::client_route real_;
+  std::shared_ptr<std::atomic<int>> refusals_;
+};
+
+awaitable<result<std::shared_ptr<actors::command_route>>> refusing_adapter(
+    std::string socket, std::shared_ptr<std::atomic<int>> refusals) {
+  auto c = co_await sandbox_client::connect(socket, wire::conn_mode::read_write, "refusing");
+  if (!c) co_return c.error();
+  co_return std::shared_ptr<actors::command_route>(
+      std::make_shared<refusing_kill_route>(std::move(*c), std::move(refusals)));
+}
+
+}  // namespace
+
+TEST_CASE("a turn whose stop is not confirmed stays open until its jobs are confirmed stopped",
+          "[regression][delivery]") {
+  delivery_fixture d("stop-retry");
+  auto refusals = std::make_shared<std::atomic<int>>(1);
+  d.f.jobs.adapter = [refusals](std::string socket) {
+    return refusing_adapter(std::move(socket), refusals);
+  };
+  d.f.restart();
+  launcher l;
+  l.install(d, "s", job("sleep 30"));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  auto j = l.id(d);
+  d.host().interrupt(s);
+  REQUIRE(d.sync(d.host().wait_idle(s)));
+  // The first kill was refused; the turn closed only after a confirmed one.
+  CHECK(refusals->load() < 0);
+  CHECK(d.state_of(j) == owned_state::cancelled);
+  CHECK(warned(d.f, {"stopping turn", "injected: the kill was refused", "retried"}));
+  d.sync(d.host().jobs().wait_idle());
+}
