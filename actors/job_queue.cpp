@@ -1,6 +1,7 @@
 #include "tether/actors/job_queue.hpp"
 
 #include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -428,7 +429,7 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
   // ends quickly cannot outlive the daemon's grace unread. Its completion
   // waits for the started receipt, so the receipts keep their order.
   auto started_written = runtime::one_shot<int>::make();
-  if (enter()) asio::co_spawn(ex_, watch(id, started_written), asio::detached);
+  spawn_watch(id, started_written);
   auto run = co_await store_.mark_running(id);
   if (!run)
     host_.warn("job " + id.str() + ": its started receipt was not written: " + run.error().message);
@@ -439,6 +440,23 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
   TETHER_CRASH_POINT("delivery.started.after_commit");
   started_written->set(0);
   co_return id;
+}
+
+void job_queue::spawn_watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started) {
+  {
+    std::lock_guard lk(m_);
+    if (stopped_) return;
+    inflight_ += 2;  // watch's own gate guard, and its completion handler's
+  }
+  auto on_end = [this, job](std::exception_ptr e) {
+    gate_guard gate{this};
+    if (!e) return;
+    host_.warn("job " + job.str() + ": following it failed: " + runtime::detail::describe(e) +
+               "; its live entry ended so no turn waits on it, and the job was left as it is "
+               "on disk for the next boot to recover");
+    end_live(job);
+  };
+  asio::co_spawn(ex_, watch(job, std::move(started)), asio::bind_executor(ex_, std::move(on_end)));
 }
 
 awaitable<void> job_queue::watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started) {
@@ -882,7 +900,7 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
                                      "' generation " + std::to_string(sandbox_->second) +
                                      ", not the job's generation " +
                                      std::to_string(j.scope.generation)});
-      if (enter()) asio::co_spawn(ex_, watch(j.id, nullptr), asio::detached);
+      spawn_watch(j.id, nullptr);
       ++rep.reattached;
     }
   }

@@ -146,6 +146,9 @@ class job_queue {
   awaitable<result<job_view>> status_on(owner_scope caller, job_id job);
   awaitable<result<job_view>> cancel_on(owner_scope caller, job_id job, bool read);
   awaitable<result<recovery_report>> recover_on();
+  /// Spawns watch() as a coroutine of the queue (the gate counts it until its
+  /// completion handler ran); an exception is logged and ends the live entry.
+  void spawn_watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started);
   /// Follows a job to its end; its completion is written once `started` is set.
   awaitable<void> watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started);
   /// The terminal CAS and the delivery of its receipt.

@@ -3,7 +3,6 @@
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include "tether/actors/host.hpp"
@@ -226,9 +225,15 @@ awaitable<void> session::handle(session_message& m) {
     for (auto& i : a->items) nids.push_back(i.nid);
     auto st = host_.store().admit_submit(id(), std::move(a->items));
     auto ex = get_executor();
-    asio::co_spawn(
-        ex, finish_admit(shared_from_this(), st, std::move(nids), std::move(a->reply), a->receipts),
-        asio::detached);
+    auto task =
+        finish_admit(shared_from_this(), st, std::move(nids), std::move(a->reply), a->receipts);
+    auto on_end = [self = shared_from_this()](std::exception_ptr e) {
+      // The ask was failed by its reply_to's destructor; say why.
+      if (e)
+        self->host_.warn("session " + self->id().str() + ": finishing an admit failed: " +
+                         runtime::detail::describe(e) + "; its asker was told it failed");
+    };
+    asio::co_spawn(ex, std::move(task), asio::bind_executor(ex, std::move(on_end)));
   } else if (auto* b = std::get_if<bind_job>(&m)) {
     // A follow-up may have changed the link's notify setting.
     if (auto r = host_.store().session(id()); r && *r) row_.notify = (*r)->notify;
@@ -386,7 +391,36 @@ void session::start_busy_period() {
   host_.note_phase(id(), true, false, job_ && !job_->background && !job_->reported);
   auto self = shared_from_this();
   auto ex = get_executor();
-  asio::co_spawn(ex, run_busy(std::move(self)), asio::detached);
+  auto on_end = [self](std::exception_ptr e) {
+    if (e) self->busy_period_failed(e);
+  };
+  asio::co_spawn(ex, run_busy(self), asio::bind_executor(ex, std::move(on_end)));
+}
+
+void session::busy_period_failed(std::exception_ptr e) {
+  auto what = runtime::detail::describe(e);
+  host_.warn("session " + id().str() + ": its busy period failed: " + what +
+             "; it ended in memory without a settle, so its claim and any running job row stay "
+             "on disk for the next boot, and a later wake starts a new busy period");
+  error failed{errc::failed, "session '" + id().str() + "': its busy period failed: " + what};
+  if (job_) {
+    if (job_->inline_reply && !job_->background) job_->inline_reply->set(failed);
+    // Not settled: a later busy period reports it under its promised id.
+    job_->reported = false;
+    job_->settling = false;
+  }
+  withhold_.reset();
+  retry_timer_.reset();
+  phase_ = phase::idle;
+  interrupted_ = false;
+  pending_.reset();
+  report_wake_ = false;
+  host_.note_phase(id(), false, false, false);
+  auto ws = std::move(idle_waiters_);
+  idle_waiters_.clear();
+  for (auto& w : ws) w.fail(failed);
+  busy_done_->set(0);
+  host_.activity(-1);
 }
 
 awaitable<void> session::run_drain(std::shared_ptr<context> ctx, drain_input in) {

@@ -106,6 +106,9 @@ class session : public runtime::actor<session, session_message> {
   void ring(wake_scope s);  // the coordinator's wake
   void start_busy_period();
   awaitable<void> run_busy(std::shared_ptr<session> self);
+  /// run_busy threw: logs it and ends the busy period in memory (waiters,
+  /// activity, the binding unclassified) so nothing waits on it for ever.
+  void busy_period_failed(std::exception_ptr e);
   awaitable<void> run_drain(std::shared_ptr<context> ctx, drain_input in);
   awaitable<void> settle();
   void release_waiters();

@@ -373,3 +373,58 @@ TEST_CASE("a turn whose stop is not confirmed stays open until its jobs are conf
   CHECK(warned(d.f, {"stopping turn", "injected: the kill was refused", "retried"}));
   d.sync(d.host().jobs().wait_idle());
 }
+
+TEST_CASE(
+    "a busy period whose observer throws ends, is logged, and its report comes after a restart",
+    "[regression]") {
+  report_fixture f("observer-throws");
+  f.on("child", 1, {say("the answer")});
+  std::atomic<bool> thrown{false};
+  f.observer->on_settling = [&](const session_id& s) -> boost::asio::awaitable<void> {
+    if (s.str() == "child" && !thrown.exchange(true))
+      throw std::runtime_error("the observer broke");
+    co_return;
+  };
+  f.parent_spawns("child");
+  f.quiet();  // the busy period ended: nothing is left counted as active
+  CHECK(thrown);
+  CHECK(warned(f, {"child", "busy period failed", "the observer broke"}));
+  CHECK_FALSE(f.host->is_busy(session_id("child")));
+  auto jobs = f.host->store().jobs();
+  REQUIRE(jobs);
+  REQUIRE(jobs->size() == 1);  // the running row stays for the next boot
+  auto promised = (*jobs)[0].nid;
+  f.restart();  // the shutdown does not hang on the failed busy period
+  f.quiet();
+  auto inbox = f.inbox("parent");
+  REQUIRE(inbox.size() == 1);
+  CHECK(inbox[0].nid == promised);
+  CHECK(inbox[0].body.find("the answer") != std::string::npos);
+}
+
+TEST_CASE(
+    "a follow of a job that throws ends its live entry, is logged, and the next boot settles it",
+    "[regression][delivery]") {
+  delivery_fixture d("watch-throws");
+  std::atomic<bool> thrown{false};
+  d.f.jobs.trace = [&thrown](const job_id&, std::string_view stage) {
+    if (stage == "completion" && !thrown.exchange(true))
+      throw std::runtime_error("the trace hook broke");
+  };
+  d.f.restart();
+  launcher l;
+  l.install(d, "s", job("echo followed-after-a-restart"));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "build it")));
+  REQUIRE(d.sync(d.host().wait_idle(s)));  // the withholding turn was not left waiting
+  auto j = l.id(d);
+  d.sync(d.host().jobs().wait_idle());
+  CHECK(thrown);
+  CHECK(warned(d.f, {j.str(), "following it failed", "the trace hook broke"}));
+  CHECK(d.state_of(j) == owned_state::running);  // as it is on disk
+  d.f.restart();                                 // recovery finds the job ended and settles it once
+  d.sync(d.host().jobs().wait_idle());
+  d.f.quiet();
+  CHECK(d.state_of(j) == owned_state::completed);
+  CHECK(d.transcript_count("s", "notice", "followed-after-a-restart") == 1);
+}
