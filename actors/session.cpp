@@ -136,6 +136,9 @@ class session::context : public agent_context {
                                            s_->id().str() + "'; no follow-up was sent"};
       parent = (*existing)->parent;
       notify = req.notify ? req.notify : (*existing)->notify;  // a follow-up keeps it
+      auto joined = co_await join_live(child, req, background, notify);
+      if (!joined) co_return joined.error();
+      if (*joined) co_return std::make_pair(child, **joined);
     } else {
       session_row row;
       row.id = child;
@@ -168,10 +171,7 @@ class session::context : public agent_context {
       jr.description = req.description;
       row = std::move(jr);
     } else {
-      // A cancelled parent drain (interrupt, shutdown) stops waiting.
-      job.inline_reply = runtime::one_shot<result<std::string>>::make([] {
-        return result<std::string>(error{errc::cancelled, "the foreground call was cancelled"});
-      });
+      job.inline_reply = make_inline_reply();
     }
     std::optional<bool> notify_update;
     if (*existing && req.notify) notify_update = req.notify;
@@ -190,6 +190,37 @@ class session::context : public agent_context {
     (*c)->tell(std::move(bind));
     h.wake(**c, wake_scope::input, false);
     co_return std::make_pair(child, reply);
+  }
+
+  // A cancelled parent drain (interrupt, shutdown) stops waiting.
+  static inline_reply make_inline_reply() {
+    return runtime::one_shot<result<std::string>>::make([] {
+      return result<std::string>(error{errc::cancelled, "the foreground call was cancelled"});
+    });
+  }
+
+  // Seed 002: a follow-up to a child whose generation is live (busy, not
+  // settling) joins that generation instead of queueing a job of its own
+  // behind it: its prompt is written with no job row and is answered and
+  // reported with that generation (a foreground follow-up gets the report
+  // inline). nullopt: nothing to join, the follow-up gets a job of its own.
+  awaitable<result<std::optional<inline_reply>>> join_live(session_id child, spawn_request& req,
+                                                           bool background,
+                                                           std::optional<bool> notify) {
+    host& h = s_->host_;
+    auto c = h.get(child);
+    if (!c) co_return c.error();
+    session_msg::join_live ask{background ? nullptr : make_inline_reply(), {}};
+    auto joined = co_await (*c)->ask(std::move(ask));
+    if (!joined || !*joined) co_return std::optional<inline_reply>();
+    std::optional<bool> notify_update;
+    if (req.notify) notify_update = req.notify;
+    auto written =
+        co_await h.store().spawn(std::nullopt, child, req.prompt, std::nullopt, notify_update);
+    session_msg::joined_input done{written.has_value(), notify};
+    (*c)->tell(std::move(done));
+    if (!written) co_return written.error();
+    co_return std::optional<inline_reply>(**joined);
   }
 
   std::shared_ptr<session> s_;
@@ -249,6 +280,28 @@ awaitable<void> session::handle(session_message& m) {
       if (phase_ == phase::busy) this->ring(wake_scope::input);
     } else {
       queued_jobs_.push_back(std::move(b->job));
+    }
+  } else if (auto* jl = std::get_if<join_live>(&m)) {
+    // Only a live generation is joined: busy, its job not yet classified,
+    // nothing queued behind it; never a dying (settling) one.
+    // A background follow-up joins only a background generation: it is owed
+    // a report in its parent's inbox; a foreground one gets the report inline.
+    bool live = phase_ == phase::busy && !interrupted_ && !stopping_ && job_ && !job_->reported &&
+                !job_->settling && queued_jobs_.empty() && (jl->inline_reply || job_->background);
+    if (!live) {
+      jl->reply.send(std::optional<std::shared_ptr<runtime::one_shot<result<std::string>>>>());
+      co_return;
+    }
+    ++joiners_;  // the busy period does not settle before the follow-up's prompt is written
+    if (jl->inline_reply) job_->joined_inline.push_back(jl->inline_reply);
+    jl->reply.send(std::optional(jl->inline_reply));
+  } else if (auto* ji = std::get_if<joined_input>(&m)) {
+    --joiners_;
+    if (ji->written) {
+      row_.notify = ji->notify;
+      this->ring(wake_scope::input);
+    } else {
+      release_withhold();
     }
   } else if (auto* tb = std::get_if<to_background>(&m)) {
     if (job_ && job_->settling && !job_->background) {
@@ -331,6 +384,8 @@ awaitable<void> session::handle(session_message& m) {
     idle_waiters_.clear();
     error down{errc::stopped, "host shut down before the child settled"};
     if (job_ && job_->inline_reply) job_->inline_reply->set(down);
+    if (job_)
+      for (auto& r : job_->joined_inline) r->set(down);
     for (auto& q : queued_jobs_)
       if (q.inline_reply) q.inline_reply->set(down);
     if (busy_done_) {
@@ -405,6 +460,8 @@ void session::busy_period_failed(std::exception_ptr e) {
   error failed{errc::failed, "session '" + id().str() + "': its busy period failed: " + what};
   if (job_) {
     if (job_->inline_reply && !job_->background) job_->inline_reply->set(failed);
+    for (auto& r : job_->joined_inline) r->set(failed);
+    job_->joined_inline.clear();
     // Not settled: a later busy period reports it under its promised id.
     job_->reported = false;
     job_->settling = false;
@@ -518,15 +575,20 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     if (interrupted_ || failed_) break;
     // Withhold the turn's completion while jobs it owns run; each change of
     // the queue's revision (or a wake) looks again.
-    while (!pending_ && !interrupted_ && !stopping_ && withholding()) {
+    // A follow-up joining this generation is writing its prompt: wait for its
+    // wake (or its failure) so the prompt is answered in this generation.
+    while (!pending_ && !interrupted_ && !stopping_ && (joiners_ > 0 || withholding())) {
       auto& q = host_.jobs();
       auto seen = q.revision();
-      if (!q.turn_has_live_jobs(id(), turn_)) break;
+      bool joining = joiners_ > 0;
+      if (!joining && !q.turn_has_live_jobs(id(), turn_)) break;
       withhold_ = runtime::one_shot<int>::make();
       auto w = withhold_;
-      auto changed = q.revision_after(seen);
-      auto release = [w](std::uint64_t) { w->set(0); };
-      changed->async_wait(asio::bind_executor(get_executor(), std::move(release)));
+      if (!joining) {
+        auto changed = q.revision_after(seen);
+        auto release = [w](std::uint64_t) { w->set(0); };
+        changed->async_wait(asio::bind_executor(get_executor(), std::move(release)));
+      }
       co_await w->async_wait(asio::use_awaitable);
       withhold_.reset();
     }
@@ -657,11 +719,15 @@ awaitable<void> session::settle() {
     host_.warn("session " + id().str() + ": settle did not commit: " + committed.error().message +
                "; the host is shutting down, so the claim stays and boot resumes it");
     if (job && job->inline_reply) job->inline_reply->set(committed.error());
+    if (job)
+      for (auto& r : job->joined_inline) r->set(committed.error());
     co_return;
   }
   if (committed->row_written) TETHER_CRASH_POINT("report.settle.after_commit");
   if (auto* o = host_.observer()) o->settled(id(), committed->row_written ? nid : std::nullopt);
   if (job && job->inline_reply && !job->background) job->inline_reply->set(inline_body);
+  if (job)
+    for (auto& r : job->joined_inline) r->set(job->background ? req.body : inline_body);
   if (job) job_.reset();
   if (committed->row_written && nid && row_.parent) {
     auto body = req.body;

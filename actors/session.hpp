@@ -42,6 +42,8 @@ struct job_binding {
   std::shared_ptr<runtime::one_shot<result<std::string>>> inline_reply;
   // Set while a late background request is writing the running row.
   std::shared_ptr<runtime::one_shot<result<void>>> row_written;
+  // Foreground follow-ups that joined this generation: its report, inline.
+  std::vector<std::shared_ptr<runtime::one_shot<result<std::string>>>> joined_inline;
   bool settling = false;  // classified: a late background request is refused
   bool reported = false;  // classification happens at most once per generation
 };
@@ -68,6 +70,18 @@ struct admit {
 struct bind_job {
   job_binding job;
 };
+/// A follow-up asks to join the live generation (busy, not settling). The
+/// answer: nullopt (not joined: it gets a job of its own), or joined, with the
+/// foreground caller's inline reply (null for a background follow-up).
+struct join_live {
+  std::shared_ptr<runtime::one_shot<result<std::string>>> inline_reply;
+  reply_to<std::optional<std::shared_ptr<runtime::one_shot<result<std::string>>>>> reply;
+};
+/// The joined follow-up's prompt was written (its wake) or was not.
+struct joined_input {
+  bool written = false;
+  std::optional<bool> notify;  // the link's notify setting after the follow-up
+};
 struct to_background {
   reply_to<notification_id> reply;
 };
@@ -86,8 +100,9 @@ struct shutdown {
 
 using session_message =
     std::variant<session_msg::wake, session_msg::input, session_msg::admit, session_msg::bind_job,
-                 session_msg::to_background, session_msg::interrupt, session_msg::set_revert,
-                 session_msg::wait_idle, session_msg::shutdown>;
+                 session_msg::join_live, session_msg::joined_input, session_msg::to_background,
+                 session_msg::interrupt, session_msg::set_revert, session_msg::wait_idle,
+                 session_msg::shutdown>;
 
 class session : public runtime::actor<session, session_message> {
  public:
@@ -130,6 +145,7 @@ class session : public runtime::actor<session, session_message> {
   std::shared_ptr<agent> agent_;
   phase phase_ = phase::idle;
   std::optional<wake_scope> pending_;
+  int joiners_ = 0;  // follow-ups joining the live generation, their prompts not yet written
   bool report_wake_ = false;  // pending_ includes a wake for an admitted report
   bool interrupted_ = false;
   bool failed_ = false;

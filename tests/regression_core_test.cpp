@@ -428,3 +428,47 @@ TEST_CASE(
   CHECK(d.state_of(j) == owned_state::completed);
   CHECK(d.transcript_count("s", "notice", "followed-after-a-restart") == 1);
 }
+
+TEST_CASE("a follow-up to a busy child joins its live generation: one report, no empty one",
+          "[regression]") {
+  report_fixture f("join-live");
+  auto parked = runtime::one_shot<int>::make();
+  auto gate = runtime::one_shot<int>::make();
+  f.code("child")->fn = [parked, gate](agent_context& ctx,
+                                       drain_input in) -> boost::asio::awaitable<void> {
+    for (auto& i : in.inputs) {
+      if (i.text == "first") {
+        parked->set(1);
+        co_await gate->async_wait(boost::asio::use_awaitable);
+      }
+      co_await ctx.say("answered " + i.text);
+    }
+  };
+  spawner p;
+  p.req.child = session_id("child");
+  p.req.description = "Audit routes";
+  p.install(f, "parent");
+  auto s = f.sync(f.host->create_session("parent", session_id("parent")));
+  REQUIRE(s);
+  p.req.prompt = "first";
+  REQUIRE(f.sync(f.host->prompt(*s, "start")));
+  f.sync(parked->async_wait(boost::asio::use_awaitable));
+  REQUIRE(f.sync(f.host->wait_idle(*s)));
+  p.req.prompt = "follow-up";
+  REQUIRE(f.sync(f.host->prompt(*s, "again")));  // the child is still busy with "first"
+  REQUIRE(f.sync(f.host->wait_idle(*s)));
+  REQUIRE(p.last());
+  auto jobs = f.host->store().jobs();
+  REQUIRE(jobs);
+  CHECK(jobs->size() == 1);  // joined: no job row of its own
+  gate->set(1);
+  f.quiet();
+  auto inbox = f.inbox("parent");
+  REQUIRE(inbox.size() == 1);
+  CHECK(inbox[0].body.find("answered follow-up") != std::string::npos);
+  for (auto& r : inbox) CHECK(r.body.find(protocol::k_no_text_response) == std::string::npos);
+  CHECK(f.observer->settled_of("child") == 1);
+  jobs = f.host->store().jobs();
+  REQUIRE(jobs);
+  CHECK(jobs->empty());
+}
