@@ -67,7 +67,24 @@ job_queue::job_queue(runtime::executor ex, host& h, persistence::receipt_store& 
       host_(h),
       store_(store),
       opts_(std::move(opts)),
-      lease_(std::make_shared<sandbox_lease>()) {}
+      lease_(std::make_shared<sandbox_lease>()),
+      sessions_resumed_(runtime::one_shot<int>::make()) {
+  sessions_resumed_->set(0);  // no recovery: nothing to hold back
+}
+
+void job_queue::sessions_resumed() {
+  resumed_gate()->set(0);
+}
+
+std::shared_ptr<runtime::one_shot<int>> job_queue::resumed_gate() {
+  std::lock_guard lk(m_);
+  return sessions_resumed_;
+}
+
+int job_queue::held_handovers() {
+  std::lock_guard lk(m_);
+  return held_handovers_;
+}
 
 job_queue::~job_queue() = default;
 
@@ -102,6 +119,7 @@ awaitable<void> job_queue::close() {
   }
   for (auto& w : waiters) w->set(0);
   for (auto& w : revs) w->set(revision_);
+  resumed_gate()->set(0);  // a hand-over held for boot's phases gives up
   auto task = [](job_queue* q, std::shared_ptr<runtime::one_shot<int>> drained) -> awaitable<void> {
     if (q->channel_) q->channel_->close();
     std::vector<std::shared_ptr<asio::steady_timer>> pausing;
@@ -528,6 +546,19 @@ awaitable<void> job_queue::finish(job_id job, owned_state terminal,
   if (!*won) co_return;
   TETHER_CRASH_POINT("delivery.terminal.after_commit");
   if (opts_.trace) opts_.trace(job, "terminal");
+  if (wake_after) {
+    // A job followed since recovery that ends during boot waits for boot's
+    // phases: a wake now could start a session before its running subagent
+    // row was bound, and it would report under a fresh id.
+    auto resumed = resumed_gate();
+    if (!resumed->ready()) {
+      {
+        std::lock_guard lk(m_);
+        ++held_handovers_;
+      }
+      co_await resumed->async_wait(asio::use_awaitable);
+    }
+  }
   // The hand-over is retried while the host runs: a receipt left pending
   // would otherwise wait for the next boot, and its turn with it.
   auto r = std::move(**won);
@@ -758,6 +789,12 @@ awaitable<result<recovery_report>> job_queue::recover() {
 awaitable<result<recovery_report>> job_queue::recover_on() {
   if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was done"};
   gate_guard gate{this};
+  {
+    // Until boot's phases have resumed the sessions (and bound their running
+    // subagent rows), no hand-over of this queue wakes anyone.
+    std::lock_guard lk(m_);
+    if (sessions_resumed_->ready()) sessions_resumed_ = runtime::one_shot<int>::make();
+  }
   recovery_report rep;
   auto refuse = [](const error& e) {
     return error{e.code, "refusing to boot: " + e.message + "; nothing was changed"};

@@ -110,6 +110,12 @@ class job_queue {
   /// Cancels every live job the turn owns (confirmed); the receipts are delivered.
   awaitable<result<int>> stop_turn(owner_scope turn);
 
+  /// Boot's phases have resumed the sessions: hand-overs held since
+  /// recover() go ahead. Any thread.
+  void sessions_resumed();
+  /// How many hand-overs waited for sessions_resumed() (for boot's report).
+  int held_handovers();
+
   /// Live (not yet handed over) jobs of a turn. Any thread.
   bool turn_has_live_jobs(const protocol::session_id& thread, const protocol::turn_id& turn);
   /// Background jobs still running under a thread, for the report's running list.
@@ -199,6 +205,9 @@ class job_queue {
   bool stopped_ = false;
   long inflight_ = 0;  // coroutines of the queue running (the gate)
   std::shared_ptr<runtime::one_shot<int>> drained_;
+  std::shared_ptr<runtime::one_shot<int>> resumed_gate();
+  std::shared_ptr<runtime::one_shot<int>> sessions_resumed_;  // set: hand-overs may wake
+  int held_handovers_ = 0;
   std::set<std::shared_ptr<boost::asio::steady_timer>> retry_timers_;  // retries pausing (under m_)
 };
 

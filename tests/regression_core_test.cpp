@@ -472,3 +472,62 @@ TEST_CASE("a follow-up to a busy child joins its live generation: one report, no
   REQUIRE(jobs);
   CHECK(jobs->empty());
 }
+
+TEST_CASE("a job followed since recovery that ends during boot wakes nobody before boot's phases",
+          "[regression][delivery]") {
+  delivery_fixture d("held-handover");
+  auto terminal = runtime::one_shot<int>::make();
+  auto armed = std::make_shared<std::atomic<bool>>(false);
+  d.f.jobs.trace = [terminal, armed](const job_id&, std::string_view stage) {
+    if (stage == "terminal" && *armed) terminal->set(1);
+  };
+  d.f.restart();
+  auto gate = d.fifo("gate");
+  launcher l;
+  auto j = settled_turn_with_blocked_job(d, l, gate, "ended-during-boot");
+  d.f.close();
+  // A host whose boot stopped right after recovery: its sessions are not resumed yet.
+  *armed = true;
+  actors::host_options o;
+  o.db_path = d.f.dir.file("tether.db");
+  o.threads = 2;
+  o.agents = d.f.agents;
+  o.observer = d.f.observer;
+  o.jobs = d.f.jobs;
+  o.log = [](const std::string&) {};
+  auto opened = actors::host::open(o);
+  REQUIRE(opened);
+  auto& h = **opened;
+  auto ex = h.pool().at(0);  // the queue's executor
+  auto rec = runtime::sync_wait(ex, h.jobs().recover());
+  REQUIRE(rec);
+  CHECK(rec->reattached == 1);
+  d.release(gate);
+  runtime::sync_wait(ex, terminal->async_wait(boost::asio::use_awaitable));
+  // Behind the terminal commit on the queue's executor: the hand-over waits.
+  auto held = [](actors::host* hp) -> boost::asio::awaitable<int> {
+    co_return hp->jobs().held_handovers();
+  };
+  CHECK(runtime::sync_wait(ex, held(&h)) == 1);
+  auto pending = h.receipts().receipt_by_id(protocol::make_event_id(j, transition::completed));
+  REQUIRE(pending);
+  REQUIRE(*pending);
+  CHECK((*pending)->state == receipt_state::pending);
+  auto inbox = h.store().inbox(session_id("s"));
+  REQUIRE(inbox);
+  CHECK(inbox->empty());
+  // Boot's phases are done: the receipt is handed over and prompts its session.
+  h.jobs().sessions_resumed();
+  runtime::sync_wait(ex, h.jobs().wait_idle());
+  runtime::sync_wait(ex, h.wait_quiescent());
+  auto after = h.receipts().receipt_by_id(protocol::make_event_id(j, transition::completed));
+  REQUIRE(after);
+  REQUIRE(*after);
+  CHECK((*after)->state == receipt_state::acked);
+  auto msgs = h.store().messages(session_id("s"));
+  REQUIRE(msgs);
+  int notices = 0;
+  for (auto& m : *msgs) notices += m.text.find("ended-during-boot") != std::string::npos ? 1 : 0;
+  CHECK(notices == 1);
+  h.shutdown();
+}
