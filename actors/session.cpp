@@ -1,5 +1,6 @@
 #include "tether/actors/session.hpp"
 
+#include <algorithm>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -210,14 +211,22 @@ class session::context : public agent_context {
     host& h = s_->host_;
     auto c = h.get(child);
     if (!c) co_return c.error();
-    session_msg::join_live ask{background ? nullptr : make_inline_reply(), {}};
+    auto ticket = std::make_shared<int>(0);
+    session_msg::join_live ask{ticket, background ? nullptr : make_inline_reply(), {}};
     auto joined = co_await (*c)->ask(std::move(ask));
-    if (!joined || !*joined) co_return std::optional<inline_reply>();
+    if (!joined) {
+      // Unanswered (e.g. our drain was cancelled): the child may have counted
+      // us as joining; tell it we are not coming.
+      session_msg::joined_input gone{ticket, false, notify};
+      (*c)->tell(std::move(gone));
+      co_return joined.error();
+    }
+    if (!*joined) co_return std::optional<inline_reply>();
     std::optional<bool> notify_update;
     if (req.notify) notify_update = req.notify;
     auto written =
         co_await h.store().spawn(std::nullopt, child, req.prompt, std::nullopt, notify_update);
-    session_msg::joined_input done{written.has_value(), notify};
+    session_msg::joined_input done{ticket, written.has_value(), notify};
     (*c)->tell(std::move(done));
     if (!written) co_return written.error();
     co_return std::optional<inline_reply>(**joined);
@@ -292,11 +301,13 @@ awaitable<void> session::handle(session_message& m) {
       jl->reply.send(std::optional<std::shared_ptr<runtime::one_shot<result<std::string>>>>());
       co_return;
     }
-    ++joiners_;  // the busy period does not settle before the follow-up's prompt is written
+    joiners_.push_back(jl->ticket);  // no settle before the follow-up's prompt is written
     if (jl->inline_reply) job_->joined_inline.push_back(jl->inline_reply);
     jl->reply.send(std::optional(jl->inline_reply));
   } else if (auto* ji = std::get_if<joined_input>(&m)) {
-    --joiners_;
+    auto it = std::find(joiners_.begin(), joiners_.end(), ji->ticket);
+    if (it == joiners_.end()) co_return;  // it never joined
+    joiners_.erase(it);
     if (ji->written) {
       row_.notify = ji->notify;
       this->ring(wake_scope::input);
@@ -577,10 +588,10 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     // the queue's revision (or a wake) looks again.
     // A follow-up joining this generation is writing its prompt: wait for its
     // wake (or its failure) so the prompt is answered in this generation.
-    while (!pending_ && !interrupted_ && !stopping_ && (joiners_ > 0 || withholding())) {
+    while (!pending_ && !interrupted_ && !stopping_ && (!joiners_.empty() || withholding())) {
       auto& q = host_.jobs();
       auto seen = q.revision();
-      bool joining = joiners_ > 0;
+      bool joining = !joiners_.empty();
       if (!joining && !q.turn_has_live_jobs(id(), turn_)) break;
       withhold_ = runtime::one_shot<int>::make();
       auto w = withhold_;

@@ -74,11 +74,13 @@ struct bind_job {
 /// answer: nullopt (not joined: it gets a job of its own), or joined, with the
 /// foreground caller's inline reply (null for a background follow-up).
 struct join_live {
+  std::shared_ptr<int> ticket;  // names this follow-up in joined_input
   std::shared_ptr<runtime::one_shot<result<std::string>>> inline_reply;
   reply_to<std::optional<std::shared_ptr<runtime::one_shot<result<std::string>>>>> reply;
 };
 /// The joined follow-up's prompt was written (its wake) or was not.
 struct joined_input {
+  std::shared_ptr<int> ticket;
   bool written = false;
   std::optional<bool> notify;  // the link's notify setting after the follow-up
 };
@@ -145,7 +147,8 @@ class session : public runtime::actor<session, session_message> {
   std::shared_ptr<agent> agent_;
   phase phase_ = phase::idle;
   std::optional<wake_scope> pending_;
-  int joiners_ = 0;  // follow-ups joining the live generation, their prompts not yet written
+  // Follow-ups joining the live generation whose prompts are not yet written.
+  std::vector<std::shared_ptr<int>> joiners_;
   bool report_wake_ = false;  // pending_ includes a wake for an admitted report
   bool interrupted_ = false;
   bool failed_ = false;
