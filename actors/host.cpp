@@ -532,6 +532,8 @@ awaitable<result<boot_report>> host::boot() {
       (phase == 2 ? rep.resumed_top : rep.resumed_children)++;
     }
   }
+  // Only now may a job followed since recovery wake its session.
+  jobs_->sessions_resumed();
   std::lock_guard lk(*rep_m);
   co_return rep;
 }

@@ -1,6 +1,7 @@
 #include "tether/actors/job_queue.hpp"
 
 #include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -10,6 +11,7 @@
 #include "tether/actors/host.hpp"
 #include "tether/protocol/scrub.hpp"
 #include "tether/runtime/crash_point.hpp"
+#include "tether/runtime/retry.hpp"
 
 namespace tether::actors {
 
@@ -65,7 +67,24 @@ job_queue::job_queue(runtime::executor ex, host& h, persistence::receipt_store& 
       host_(h),
       store_(store),
       opts_(std::move(opts)),
-      lease_(std::make_shared<sandbox_lease>()) {}
+      lease_(std::make_shared<sandbox_lease>()),
+      sessions_resumed_(runtime::one_shot<int>::make()) {
+  sessions_resumed_->set(0);  // no recovery: nothing to hold back
+}
+
+void job_queue::sessions_resumed() {
+  resumed_gate()->set(0);
+}
+
+std::shared_ptr<runtime::one_shot<int>> job_queue::resumed_gate() {
+  std::lock_guard lk(m_);
+  return sessions_resumed_;
+}
+
+int job_queue::held_handovers() {
+  std::lock_guard lk(m_);
+  return held_handovers_;
+}
 
 job_queue::~job_queue() = default;
 
@@ -100,8 +119,15 @@ awaitable<void> job_queue::close() {
   }
   for (auto& w : waiters) w->set(0);
   for (auto& w : revs) w->set(revision_);
+  resumed_gate()->set(0);  // a hand-over held for boot's phases gives up
   auto task = [](job_queue* q, std::shared_ptr<runtime::one_shot<int>> drained) -> awaitable<void> {
     if (q->channel_) q->channel_->close();
+    std::vector<std::shared_ptr<asio::steady_timer>> pausing;
+    {
+      std::lock_guard lk(q->m_);
+      pausing.assign(q->retry_timers_.begin(), q->retry_timers_.end());
+    }
+    for (auto& t : pausing) t->cancel();  // a retry waiting to run gives up now
     if (drained) co_await drained->async_wait(asio::use_awaitable);
   };
   auto run = task(this, drained);
@@ -421,7 +447,7 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
   // ends quickly cannot outlive the daemon's grace unread. Its completion
   // waits for the started receipt, so the receipts keep their order.
   auto started_written = runtime::one_shot<int>::make();
-  if (enter()) asio::co_spawn(ex_, watch(id, started_written), asio::detached);
+  spawn_watch(id, started_written);
   auto run = co_await store_.mark_running(id);
   if (!run)
     host_.warn("job " + id.str() + ": its started receipt was not written: " + run.error().message);
@@ -432,6 +458,23 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
   TETHER_CRASH_POINT("delivery.started.after_commit");
   started_written->set(0);
   co_return id;
+}
+
+void job_queue::spawn_watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started) {
+  {
+    std::lock_guard lk(m_);
+    if (stopped_) return;
+    inflight_ += 2;  // watch's own gate guard, and its completion handler's
+  }
+  auto on_end = [this, job](std::exception_ptr e) {
+    gate_guard gate{this};
+    if (!e) return;
+    host_.warn("job " + job.str() + ": following it failed: " + runtime::detail::describe(e) +
+               "; its live entry ended so no turn waits on it, and the job was left as it is "
+               "on disk for the next boot to recover");
+    end_live(job);
+  };
+  asio::co_spawn(ex_, watch(job, std::move(started)), asio::bind_executor(ex_, std::move(on_end)));
 }
 
 awaitable<void> job_queue::watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started) {
@@ -479,21 +522,72 @@ awaitable<void> job_queue::watch(job_id job, std::shared_ptr<runtime::one_shot<i
 awaitable<void> job_queue::finish(job_id job, owned_state terminal,
                                   std::optional<protocol::shell_completion> c, std::string body,
                                   bool wake_after) {
-  auto won = co_await store_.finish(job, terminal, std::move(c), body);
-  if (!won) {
-    host_.warn("job " + job.str() + ": its " + std::string(persistence::to_string(terminal)) +
-               " receipt was not written: " + won.error().message + "; it stays live");
-    co_return;
+  // The terminal transition is retried until it commits (or the queue
+  // closes): a job whose receipt was never written would stay live for ever,
+  // and a turn withholding its completion would wait on it for ever.
+  auto what =
+      "job " + job.str() + ": its " + std::string(persistence::to_string(terminal)) + " receipt";
+  result<std::optional<receipt>> won = error{errc::failed, "not attempted"};
+  for (int attempt = 0;; ++attempt) {
+    won = co_await store_.finish(job, terminal, c, body);
+    if (won) break;
+    if (!co_await retry_later(attempt)) {
+      host_.warn(what + " was not written: " + won.error().message +
+                 "; the host is shutting down, so the job stays live on disk for the next boot "
+                 "to recover");
+      co_return;
+    }
+    host_.warn(what + " was not written: " + won.error().message +
+               "; the job stays live and "
+               "the write is retried");
   }
   // The first terminal transition won already: it ends the job's live entry
   // once its own receipt was handed over, not this one.
   if (!*won) co_return;
   TETHER_CRASH_POINT("delivery.terminal.after_commit");
-  auto delivered = co_await deliver(std::move(**won), wake_after);
-  if (!delivered)
-    host_.warn("job " + job.str() + ": receipt kept pending: " + delivered.error().message);
+  if (opts_.trace) opts_.trace(job, "terminal");
+  if (wake_after) {
+    // A job followed since recovery that ends during boot waits for boot's
+    // phases: a wake now could start a session before its running subagent
+    // row was bound, and it would report under a fresh id.
+    auto resumed = resumed_gate();
+    if (!resumed->ready()) {
+      {
+        std::lock_guard lk(m_);
+        ++held_handovers_;
+      }
+      co_await resumed->async_wait(asio::use_awaitable);
+    }
+  }
+  // The hand-over is retried while the host runs: a receipt left pending
+  // would otherwise wait for the next boot, and its turn with it.
+  auto r = std::move(**won);
+  for (int attempt = 0;; ++attempt) {
+    auto delivered = co_await deliver(r, wake_after);
+    if (delivered) break;
+    if (!co_await retry_later(attempt)) {
+      host_.warn(what + " was kept pending: " + delivered.error().message +
+                 "; the host is shutting down, so the next boot hands it over");
+      break;
+    }
+    host_.warn(what + " was not handed over: " + delivered.error().message +
+               "; it stays pending and the hand-over is retried");
+  }
   // Handed over (or kept pending for the next boot): the turn may complete.
   end_live(job);
+}
+
+awaitable<bool> job_queue::retry_later(int attempt) {
+  auto t = std::make_shared<asio::steady_timer>(ex_);
+  {
+    std::lock_guard lk(m_);
+    if (stopped_) co_return false;
+    retry_timers_.insert(t);
+  }
+  co_await runtime::pause_before_retry(*t, attempt);
+  std::lock_guard lk(m_);
+  retry_timers_.erase(t);
+  co_return !stopped_;
 }
 
 // ---- delivery ----------------------------------------------------------------------------
@@ -695,6 +789,12 @@ awaitable<result<recovery_report>> job_queue::recover() {
 awaitable<result<recovery_report>> job_queue::recover_on() {
   if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was done"};
   gate_guard gate{this};
+  {
+    // Until boot's phases have resumed the sessions (and bound their running
+    // subagent rows), no hand-over of this queue wakes anyone.
+    std::lock_guard lk(m_);
+    if (sessions_resumed_->ready()) sessions_resumed_ = runtime::one_shot<int>::make();
+  }
   recovery_report rep;
   auto refuse = [](const error& e) {
     return error{e.code, "refusing to boot: " + e.message + "; nothing was changed"};
@@ -837,7 +937,7 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
                                      "' generation " + std::to_string(sandbox_->second) +
                                      ", not the job's generation " +
                                      std::to_string(j.scope.generation)});
-      if (enter()) asio::co_spawn(ex_, watch(j.id, nullptr), asio::detached);
+      spawn_watch(j.id, nullptr);
       ++rep.reattached;
     }
   }

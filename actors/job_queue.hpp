@@ -22,8 +22,10 @@
 // Threads: the queue's coroutines run on its own executor (the routes and the
 // sandbox client live there); public calls hop onto it. The set of live jobs
 // and the revision are also readable from other threads.
+#include <boost/asio/steady_timer.hpp>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "tether/actors/command_route.hpp"
@@ -50,8 +52,9 @@ struct job_queue_options {
   int adapter_failures = 3;
   std::string cwd;  // default working directory of commands; default: the host's
   /// Instrumentation (benches, tests): called on the queue's executor when a
-  /// job's completion arrived ("completion") and when its terminal receipt was
-  /// handed over to the owner's session ("handed_over"). Keep it short.
+  /// job's completion arrived ("completion"), when its terminal transition
+  /// committed ("terminal") and when its terminal receipt was handed over to
+  /// the owner's session ("handed_over"). Keep it short.
   std::function<void(const job_id&, std::string_view stage)> trace;
 };
 
@@ -107,6 +110,12 @@ class job_queue {
   /// Cancels every live job the turn owns (confirmed); the receipts are delivered.
   awaitable<result<int>> stop_turn(owner_scope turn);
 
+  /// Boot's phases have resumed the sessions: hand-overs held since
+  /// recover() go ahead. Any thread.
+  void sessions_resumed();
+  /// How many hand-overs waited for sessions_resumed() (for boot's report).
+  int held_handovers();
+
   /// Live (not yet handed over) jobs of a turn. Any thread.
   bool turn_has_live_jobs(const protocol::session_id& thread, const protocol::turn_id& turn);
   /// Background jobs still running under a thread, for the report's running list.
@@ -143,6 +152,9 @@ class job_queue {
   awaitable<result<job_view>> status_on(owner_scope caller, job_id job);
   awaitable<result<job_view>> cancel_on(owner_scope caller, job_id job, bool read);
   awaitable<result<recovery_report>> recover_on();
+  /// Spawns watch() as a coroutine of the queue (the gate counts it until its
+  /// completion handler ran); an exception is logged and ends the live entry.
+  void spawn_watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started);
   /// Follows a job to its end; its completion is written once `started` is set.
   awaitable<void> watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started);
   /// The terminal CAS and the delivery of its receipt.
@@ -151,6 +163,9 @@ class job_queue {
                          std::optional<protocol::shell_completion> c, std::string body,
                          bool wake_after = true);
   awaitable<result<bool>> deliver(persistence::receipt r, bool wake_after = true);
+  /// Pauses before retry `attempt` of a write that must not be given up;
+  /// false once the queue closes (close() ends the pause at once).
+  awaitable<bool> retry_later(int attempt);
   /// Runs `task` on the queue's executor, shielded from the caller's cancellation.
   template <class T>
   awaitable<T> on_queue(awaitable<T> task);
@@ -190,6 +205,10 @@ class job_queue {
   bool stopped_ = false;
   long inflight_ = 0;  // coroutines of the queue running (the gate)
   std::shared_ptr<runtime::one_shot<int>> drained_;
+  std::shared_ptr<runtime::one_shot<int>> resumed_gate();
+  std::shared_ptr<runtime::one_shot<int>> sessions_resumed_;  // set: hand-overs may wake
+  int held_handovers_ = 0;
+  std::set<std::shared_ptr<boost::asio::steady_timer>> retry_timers_;  // retries pausing (under m_)
 };
 
 }  // namespace tether::actors

@@ -1,14 +1,15 @@
 #include "tether/actors/session.hpp"
 
-#include "tether/actors/host.hpp"
-#include "tether/protocol/report.hpp"
-#include "tether/runtime/crash_point.hpp"
-
+#include <algorithm>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/use_awaitable.hpp>
+
+#include "tether/actors/host.hpp"
+#include "tether/protocol/report.hpp"
+#include "tether/runtime/crash_point.hpp"
+#include "tether/runtime/retry.hpp"
 
 namespace tether::actors {
 
@@ -44,7 +45,14 @@ class session::context : public agent_context {
     auto r = co_await spawn(std::move(req), false);
     if (!r) co_return r.error();
     auto reply = r->second;
-    co_return co_await reply->async_wait(asio::use_awaitable);
+    auto child = r->first;
+    auto answer = co_await reply->async_wait(asio::use_awaitable);
+    // The caller cancelled the call (its drain was interrupted): the child's
+    // run is cancelled with it (seed 002). A shutdown is not a cancel: the
+    // child keeps its claim for the next boot.
+    if (!answer && answer.error().code == errc::cancelled && !s_->stopping_)
+      s_->host_.interrupt(child);
+    co_return answer;
   }
 
   awaitable<result<std::string>> start_shell(std::string command) override {
@@ -119,11 +127,19 @@ class session::context : public agent_context {
     std::optional<session_id> parent;
     std::optional<bool> notify;
     if (*existing) {
-      if ((*existing)->parent != s_->id() && !req.fork)
+      // A fork creates a new session; only a follow-up reaches an existing
+      // one, and only one's own child of one's own tenant.
+      if (req.fork)
+        co_return error{errc::refused, "a fork creates a new session, but session '" + child.str() +
+                                           "' exists already; nothing was sent"};
+      if ((*existing)->parent != s_->id() || (*existing)->tenant != s_->row_.tenant)
         co_return error{errc::refused, "session '" + child.str() + "' is not a child of '" +
                                            s_->id().str() + "'; no follow-up was sent"};
       parent = (*existing)->parent;
       notify = req.notify ? req.notify : (*existing)->notify;  // a follow-up keeps it
+      auto joined = co_await join_live(child, req, background, notify);
+      if (!joined) co_return joined.error();
+      if (*joined) co_return std::make_pair(child, **joined);
     } else {
       session_row row;
       row.id = child;
@@ -135,6 +151,7 @@ class session::context : public agent_context {
       }
       row.description = req.description;
       row.agent = req.agent;
+      row.tenant = s_->row_.tenant;  // a child or a fork works for the same tenant
       create = std::move(row);
     }
     job_binding job;
@@ -155,10 +172,7 @@ class session::context : public agent_context {
       jr.description = req.description;
       row = std::move(jr);
     } else {
-      // A cancelled parent drain (interrupt, shutdown) stops waiting.
-      job.inline_reply = runtime::one_shot<result<std::string>>::make([] {
-        return result<std::string>(error{errc::cancelled, "the foreground call was cancelled"});
-      });
+      job.inline_reply = make_inline_reply();
     }
     std::optional<bool> notify_update;
     if (*existing && req.notify) notify_update = req.notify;
@@ -179,6 +193,45 @@ class session::context : public agent_context {
     co_return std::make_pair(child, reply);
   }
 
+  // A cancelled parent drain (interrupt, shutdown) stops waiting.
+  static inline_reply make_inline_reply() {
+    return runtime::one_shot<result<std::string>>::make([] {
+      return result<std::string>(error{errc::cancelled, "the foreground call was cancelled"});
+    });
+  }
+
+  // Seed 002: a follow-up to a child whose generation is live (busy, not
+  // settling) joins that generation instead of queueing a job of its own
+  // behind it: its prompt is written with no job row and is answered and
+  // reported with that generation (a foreground follow-up gets the report
+  // inline). nullopt: nothing to join, the follow-up gets a job of its own.
+  awaitable<result<std::optional<inline_reply>>> join_live(session_id child, spawn_request& req,
+                                                           bool background,
+                                                           std::optional<bool> notify) {
+    host& h = s_->host_;
+    auto c = h.get(child);
+    if (!c) co_return c.error();
+    auto ticket = std::make_shared<int>(0);
+    session_msg::join_live ask{ticket, background ? nullptr : make_inline_reply(), {}};
+    auto joined = co_await (*c)->ask(std::move(ask));
+    if (!joined) {
+      // Unanswered (e.g. our drain was cancelled): the child may have counted
+      // us as joining; tell it we are not coming.
+      session_msg::joined_input gone{ticket, false, notify};
+      (*c)->tell(std::move(gone));
+      co_return joined.error();
+    }
+    if (!*joined) co_return std::optional<inline_reply>();
+    std::optional<bool> notify_update;
+    if (req.notify) notify_update = req.notify;
+    auto written =
+        co_await h.store().spawn(std::nullopt, child, req.prompt, std::nullopt, notify_update);
+    session_msg::joined_input done{ticket, written.has_value(), notify};
+    (*c)->tell(std::move(done));
+    if (!written) co_return written.error();
+    co_return std::optional<inline_reply>(**joined);
+  }
+
   std::shared_ptr<session> s_;
 };
 
@@ -192,9 +245,13 @@ awaitable<void> session::handle(session_message& m) {
   using namespace session_msg;
   if (auto* w = std::get_if<wake>(&m)) {
     bool stale = w->admitted_here && !inbox_dirty_;  // a drain already took it
-    if (w->report && !w->admitted_here) inbox_dirty_ = true;  // e.g. a shell notice written beside the actor
+    if (w->report && !w->admitted_here)
+      inbox_dirty_ = true;  // e.g. a shell notice written beside the actor
     // A report admitted while a revert is staged waits for the revert.
-    if (!stale && !(w->report && row_.revert_staged)) this->ring(w->scope);
+    if (!stale && !(w->report && row_.revert_staged)) {
+      this->ring(w->scope);
+      if (w->report && phase_ != phase::idle) report_wake_ = true;
+    }
     if (w->counted) host_.activity(-1);
   } else if (auto* in = std::get_if<input>(&m)) {
     auto seq = co_await host_.store().append(id(), "user", in->kind, "completed", in->text);
@@ -208,8 +265,15 @@ awaitable<void> session::handle(session_message& m) {
     for (auto& i : a->items) nids.push_back(i.nid);
     auto st = host_.store().admit_submit(id(), std::move(a->items));
     auto ex = get_executor();
-    asio::co_spawn(ex, finish_admit(shared_from_this(), st, std::move(nids), std::move(a->reply), a->receipts),
-                   asio::detached);
+    auto task =
+        finish_admit(shared_from_this(), st, std::move(nids), std::move(a->reply), a->receipts);
+    auto on_end = [self = shared_from_this()](std::exception_ptr e) {
+      // The ask was failed by its reply_to's destructor; say why.
+      if (e)
+        self->host_.warn("session " + self->id().str() + ": finishing an admit failed: " +
+                         runtime::detail::describe(e) + "; its asker was told it failed");
+    };
+    asio::co_spawn(ex, std::move(task), asio::bind_executor(ex, std::move(on_end)));
   } else if (auto* b = std::get_if<bind_job>(&m)) {
     // A follow-up may have changed the link's notify setting.
     if (auto r = host_.store().session(id()); r && *r) row_.notify = (*r)->notify;
@@ -225,6 +289,30 @@ awaitable<void> session::handle(session_message& m) {
       if (phase_ == phase::busy) this->ring(wake_scope::input);
     } else {
       queued_jobs_.push_back(std::move(b->job));
+    }
+  } else if (auto* jl = std::get_if<join_live>(&m)) {
+    // Only a live generation is joined: busy, its job not yet classified,
+    // nothing queued behind it; never a dying (settling) one.
+    // A background follow-up joins only a background generation: it is owed
+    // a report in its parent's inbox; a foreground one gets the report inline.
+    bool live = phase_ == phase::busy && !interrupted_ && !stopping_ && job_ && !job_->reported &&
+                !job_->settling && queued_jobs_.empty() && (jl->inline_reply || job_->background);
+    if (!live) {
+      jl->reply.send(std::optional<std::shared_ptr<runtime::one_shot<result<std::string>>>>());
+      co_return;
+    }
+    joiners_.push_back(jl->ticket);  // no settle before the follow-up's prompt is written
+    if (jl->inline_reply) job_->joined_inline.push_back(jl->inline_reply);
+    jl->reply.send(std::optional(jl->inline_reply));
+  } else if (auto* ji = std::get_if<joined_input>(&m)) {
+    auto it = std::find(joiners_.begin(), joiners_.end(), ji->ticket);
+    if (it == joiners_.end()) co_return;  // it never joined
+    joiners_.erase(it);
+    if (ji->written) {
+      row_.notify = ji->notify;
+      this->ring(wake_scope::input);
+    } else {
+      release_withhold();
     }
   } else if (auto* tb = std::get_if<to_background>(&m)) {
     if (job_ && job_->settling && !job_->background) {
@@ -262,10 +350,14 @@ awaitable<void> session::handle(session_message& m) {
       tb->reply.fail(w.error());
       co_return;
     }
-    if (reply) reply->set(std::string("Moved to the background; the report follows as " + nid.str()));
+    if (reply)
+      reply->set(std::string("Moved to the background; the report follows as " + nid.str()));
     tb->reply.send(nid);
   } else if (std::holds_alternative<interrupt>(m)) {
+    // An interrupt clears a pending wake, but not a report's: the report was
+    // admitted and is owed a drain, after the interrupted settle.
     pending_.reset();
+    if (report_wake_) pending_ = wake_scope::steer;
     if (phase_ == phase::busy) {
       interrupted_ = true;
       drain_cancel_.emit(asio::cancellation_type::terminal);
@@ -281,7 +373,10 @@ awaitable<void> session::handle(session_message& m) {
         bool pending = false;
         if (inbox)
           for (auto& i : *inbox) pending |= !i.acked;
-        if (pending) this->ring(wake_scope::steer);
+        if (pending) {
+          this->ring(wake_scope::steer);
+          if (phase_ != phase::idle) report_wake_ = true;
+        }
       }
     }
     rv->reply.send(std::move(r));
@@ -295,10 +390,13 @@ awaitable<void> session::handle(session_message& m) {
     pending_.reset();
     if (phase_ != phase::idle) drain_cancel_.emit(asio::cancellation_type::terminal);
     release_withhold();
+    if (retry_timer_) retry_timer_->cancel();  // a retry waiting to run gives up now
     for (auto& w : idle_waiters_) w.fail(error{errc::stopped, "host shut down"});
     idle_waiters_.clear();
     error down{errc::stopped, "host shut down before the child settled"};
     if (job_ && job_->inline_reply) job_->inline_reply->set(down);
+    if (job_)
+      for (auto& r : job_->joined_inline) r->set(down);
     for (auto& q : queued_jobs_)
       if (q.inline_reply) q.inline_reply->set(down);
     if (busy_done_) {
@@ -310,8 +408,7 @@ awaitable<void> session::handle(session_message& m) {
 }
 
 awaitable<void> session::finish_admit(
-    std::shared_ptr<session> self,
-    std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> st,
+    std::shared_ptr<session> self, std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> st,
     std::vector<notification_id> nids, reply_to<std::vector<bool>> reply, bool receipts) {
   auto r = co_await st->async_wait(asio::use_awaitable);
   if (r) {
@@ -339,6 +436,13 @@ void session::release_withhold() {
   if (withhold_) withhold_->set(0);
 }
 
+awaitable<void> session::pause_before_retry(int attempt) {
+  retry_timer_ = std::make_shared<asio::steady_timer>(get_executor());
+  auto t = retry_timer_;
+  co_await runtime::pause_before_retry(*t, attempt);
+  retry_timer_.reset();
+}
+
 bool session::withholding() {
   auto& q = host_.jobs();
   if (!q.turn_has_live_jobs(id(), turn_)) return false;
@@ -353,7 +457,38 @@ void session::start_busy_period() {
   host_.note_phase(id(), true, false, job_ && !job_->background && !job_->reported);
   auto self = shared_from_this();
   auto ex = get_executor();
-  asio::co_spawn(ex, run_busy(std::move(self)), asio::detached);
+  auto on_end = [self](std::exception_ptr e) {
+    if (e) self->busy_period_failed(e);
+  };
+  asio::co_spawn(ex, run_busy(self), asio::bind_executor(ex, std::move(on_end)));
+}
+
+void session::busy_period_failed(std::exception_ptr e) {
+  auto what = runtime::detail::describe(e);
+  host_.warn("session " + id().str() + ": its busy period failed: " + what +
+             "; it ended in memory without a settle, so its claim and any running job row stay "
+             "on disk for the next boot, and a later wake starts a new busy period");
+  error failed{errc::failed, "session '" + id().str() + "': its busy period failed: " + what};
+  if (job_) {
+    if (job_->inline_reply && !job_->background) job_->inline_reply->set(failed);
+    for (auto& r : job_->joined_inline) r->set(failed);
+    job_->joined_inline.clear();
+    // Not settled: a later busy period reports it under its promised id.
+    job_->reported = false;
+    job_->settling = false;
+  }
+  withhold_.reset();
+  retry_timer_.reset();
+  phase_ = phase::idle;
+  interrupted_ = false;
+  pending_.reset();
+  report_wake_ = false;
+  host_.note_phase(id(), false, false, false);
+  auto ws = std::move(idle_waiters_);
+  idle_waiters_.clear();
+  for (auto& w : ws) w.fail(failed);
+  busy_done_->set(0);
+  host_.activity(-1);
 }
 
 awaitable<void> session::run_drain(std::shared_ptr<context> ctx, drain_input in) {
@@ -372,6 +507,7 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     host_.warn("session " + id().str() + ": cannot open a busy period: " + begun.error().message);
     phase_ = phase::idle;
     pending_.reset();
+    report_wake_ = false;
     host_.note_phase(id(), false, false, false);
     for (auto& w : idle_waiters_) w.fail(begun.error());
     idle_waiters_.clear();
@@ -391,6 +527,7 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     if (interrupted_ || stopping_) break;
     auto scope = pending_.value_or(wake_scope::input);
     pending_.reset();
+    report_wake_ = false;  // this drain takes the inbox
     // Acknowledge: admitted reports move into the transcript. Skipped when
     // nothing was admitted since the last look.
     receipt_admitted_ = false;  // this drain takes what was admitted so far
@@ -428,8 +565,9 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     auto done = runtime::one_shot<drain_end>::make();
     auto ex = get_executor();
     asio::co_spawn(ex, run_drain(ctx, std::move(in)),
-                   asio::bind_cancellation_slot(drain_cancel_.slot(),
-                                                [done](std::exception_ptr e) { done->set(drain_end{e}); }));
+                   asio::bind_cancellation_slot(drain_cancel_.slot(), [done](std::exception_ptr e) {
+                     done->set(drain_end{e});
+                   }));
     auto ended = co_await done->async_wait(asio::use_awaitable);
     auto ep = ended.ep;
     drain_cancel_.slot().clear();
@@ -448,15 +586,20 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     if (interrupted_ || failed_) break;
     // Withhold the turn's completion while jobs it owns run; each change of
     // the queue's revision (or a wake) looks again.
-    while (!pending_ && !interrupted_ && !stopping_ && withholding()) {
+    // A follow-up joining this generation is writing its prompt: wait for its
+    // wake (or its failure) so the prompt is answered in this generation.
+    while (!pending_ && !interrupted_ && !stopping_ && (!joiners_.empty() || withholding())) {
       auto& q = host_.jobs();
       auto seen = q.revision();
-      if (!q.turn_has_live_jobs(id(), turn_)) break;
+      bool joining = !joiners_.empty();
+      if (!joining && !q.turn_has_live_jobs(id(), turn_)) break;
       withhold_ = runtime::one_shot<int>::make();
       auto w = withhold_;
-      auto changed = q.revision_after(seen);
-      auto release = [w](std::uint64_t) { w->set(0); };
-      changed->async_wait(asio::bind_executor(get_executor(), std::move(release)));
+      if (!joining) {
+        auto changed = q.revision_after(seen);
+        auto release = [w](std::uint64_t) { w->set(0); };
+        changed->async_wait(asio::bind_executor(get_executor(), std::move(release)));
+      }
       co_await w->async_wait(asio::use_awaitable);
       withhold_.reset();
     }
@@ -467,16 +610,20 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     if (interrupted_ || stopping_ || !pending_) break;
   }
   // Stopping a turn cancels exactly the jobs it owns, confirmed stopped,
-  // before the turn closes.
-  if (interrupted_ && !stopping_ && host_.jobs().turn_has_live_jobs(id(), turn_)) {
+  // before the turn closes: a stop that is not confirmed is retried while the
+  // turn stays open (a shutdown ends the retries and keeps the claim).
+  for (int attempt = 0; interrupted_ && !stopping_ && host_.jobs().turn_has_live_jobs(id(), turn_);
+       ++attempt) {
     owner_scope me;
     me.tenant = row_.tenant;
     me.thread = id();
     me.turn = turn_;
     auto stopped = co_await host_.jobs().stop_turn(std::move(me));
-    if (!stopped)
-      host_.warn("session " + id().str() + ": stopping turn " + turn_.str() + ": " +
-                 stopped.error().message);
+    if (stopping_ || !host_.jobs().turn_has_live_jobs(id(), turn_)) break;
+    host_.warn("session " + id().str() + ": stopping turn " + turn_.str() + ": " +
+               (stopped ? std::string("a job it owns is still live") : stopped.error().message) +
+               "; the turn stays open and the stop is retried");
+    co_await pause_before_retry(attempt);
   }
   if (stopping_) {  // graceful shutdown: keep the claim and the running row
     busy_done_->set(0);
@@ -568,22 +715,37 @@ awaitable<void> session::settle() {
     req.body = render(*answer);
   }
   TETHER_CRASH_POINT("report.settle.before_commit");
+  // The settle is idempotent (the same request, the same promised id): a
+  // failed commit is retried before the session goes idle, so the report is
+  // never lost under its promised id and the binding is never dropped.
   auto committed = co_await store.settle(req);
+  for (int attempt = 0; !committed && !stopping_; ++attempt) {
+    host_.warn("session " + id().str() + ": settle did not commit: " + committed.error().message +
+               "; the busy period stays open and the settle is retried");
+    co_await pause_before_retry(attempt);
+    if (stopping_) break;
+    committed = co_await store.settle(req);
+  }
   if (!committed) {
     host_.warn("session " + id().str() + ": settle did not commit: " + committed.error().message +
-               "; the claim stays and boot resumes it");
+               "; the host is shutting down, so the claim stays and boot resumes it");
     if (job && job->inline_reply) job->inline_reply->set(committed.error());
+    if (job)
+      for (auto& r : job->joined_inline) r->set(committed.error());
     co_return;
   }
   if (committed->row_written) TETHER_CRASH_POINT("report.settle.after_commit");
   if (auto* o = host_.observer()) o->settled(id(), committed->row_written ? nid : std::nullopt);
   if (job && job->inline_reply && !job->background) job->inline_reply->set(inline_body);
+  if (job)
+    for (auto& r : job->joined_inline) r->set(job->background ? req.body : inline_body);
   if (job) job_.reset();
   if (committed->row_written && nid && row_.parent) {
     auto body = req.body;
     std::vector<persistence::report_item> items{{*nid, id(), std::move(body)}};
     auto d = co_await host_.deliver(*row_.parent, std::move(items));
-    if (!d) host_.warn("report " + nid->str() + ": " + d.error().message + "; the row stays for boot");
+    if (!d)
+      host_.warn("report " + nid->str() + ": " + d.error().message + "; the row stays for boot");
   }
 }
 

@@ -11,16 +11,16 @@
 //
 // The busy period runs as its own coroutine on the actor's executor, so the
 // mailbox keeps taking steers, reports and interrupts while the agent works.
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <deque>
+#include <optional>
+#include <variant>
+
 #include "tether/actors/agent.hpp"
 #include "tether/persistence/report_store.hpp"
 #include "tether/protocol/report.hpp"
 #include "tether/runtime/actor.hpp"
-
-#include <boost/asio/cancellation_signal.hpp>
-
-#include <deque>
-#include <optional>
-#include <variant>
 
 namespace tether::actors {
 
@@ -28,7 +28,6 @@ class host;
 using protocol::job_id;
 using protocol::notification_id;
 using runtime::reply_to;
-
 
 /// The job a busy period reports under (seed §4). The flags close the windows
 /// that classifying before writing opens.
@@ -43,6 +42,8 @@ struct job_binding {
   std::shared_ptr<runtime::one_shot<result<std::string>>> inline_reply;
   // Set while a late background request is writing the running row.
   std::shared_ptr<runtime::one_shot<result<void>>> row_written;
+  // Foreground follow-ups that joined this generation: its report, inline.
+  std::vector<std::shared_ptr<runtime::one_shot<result<std::string>>>> joined_inline;
   bool settling = false;  // classified: a late background request is refused
   bool reported = false;  // classification happens at most once per generation
 };
@@ -50,7 +51,7 @@ struct job_binding {
 namespace session_msg {
 struct wake {
   wake_scope scope = wake_scope::input;
-  bool report = false;  // a report or notice was admitted: not woken while a revert is staged
+  bool report = false;   // a report or notice was admitted: not woken while a revert is staged
   bool counted = false;  // host::wake counted it as activity until it is handled
   // The report was admitted through this actor's admit (so inbox_dirty_ knows
   // of it): if a drain already took it, the wake has nothing left to bring.
@@ -68,6 +69,20 @@ struct admit {
 };
 struct bind_job {
   job_binding job;
+};
+/// A follow-up asks to join the live generation (busy, not settling). The
+/// answer: nullopt (not joined: it gets a job of its own), or joined, with the
+/// foreground caller's inline reply (null for a background follow-up).
+struct join_live {
+  std::shared_ptr<int> ticket;  // names this follow-up in joined_input
+  std::shared_ptr<runtime::one_shot<result<std::string>>> inline_reply;
+  reply_to<std::optional<std::shared_ptr<runtime::one_shot<result<std::string>>>>> reply;
+};
+/// The joined follow-up's prompt was written (its wake) or was not.
+struct joined_input {
+  std::shared_ptr<int> ticket;
+  bool written = false;
+  std::optional<bool> notify;  // the link's notify setting after the follow-up
 };
 struct to_background {
   reply_to<notification_id> reply;
@@ -87,8 +102,9 @@ struct shutdown {
 
 using session_message =
     std::variant<session_msg::wake, session_msg::input, session_msg::admit, session_msg::bind_job,
-                 session_msg::to_background, session_msg::interrupt, session_msg::set_revert,
-                 session_msg::wait_idle, session_msg::shutdown>;
+                 session_msg::join_live, session_msg::joined_input, session_msg::to_background,
+                 session_msg::interrupt, session_msg::set_revert, session_msg::wait_idle,
+                 session_msg::shutdown>;
 
 class session : public runtime::actor<session, session_message> {
  public:
@@ -107,6 +123,9 @@ class session : public runtime::actor<session, session_message> {
   void ring(wake_scope s);  // the coordinator's wake
   void start_busy_period();
   awaitable<void> run_busy(std::shared_ptr<session> self);
+  /// run_busy threw: logs it and ends the busy period in memory (waiters,
+  /// activity, the binding unclassified) so nothing waits on it for ever.
+  void busy_period_failed(std::exception_ptr e);
   awaitable<void> run_drain(std::shared_ptr<context> ctx, drain_input in);
   awaitable<void> settle();
   void release_waiters();
@@ -115,6 +134,9 @@ class session : public runtime::actor<session, session_message> {
   /// Withhold: while jobs this turn owns run, the busy period stays open,
   /// waiting on a change of the job queue's revision (never on a timer).
   bool withholding();
+  /// Pauses before retry `attempt` of a write that must not be given up; a
+  /// shutdown ends the pause at once (the caller rechecks stopping_).
+  awaitable<void> pause_before_retry(int attempt);
   static awaitable<void> finish_admit(
       std::shared_ptr<session> self,
       std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> st,
@@ -125,10 +147,13 @@ class session : public runtime::actor<session, session_message> {
   std::shared_ptr<agent> agent_;
   phase phase_ = phase::idle;
   std::optional<wake_scope> pending_;
+  // Follow-ups joining the live generation whose prompts are not yet written.
+  std::vector<std::shared_ptr<int>> joiners_;
+  bool report_wake_ = false;  // pending_ includes a wake for an admitted report
   bool interrupted_ = false;
   bool failed_ = false;
   bool stopping_ = false;
-  bool inbox_dirty_ = true;  // reports may wait in the inbox (unknown at start)
+  bool inbox_dirty_ = true;        // reports may wait in the inbox (unknown at start)
   bool receipt_admitted_ = false;  // a job receipt was admitted since the last drain began
   std::string error_text_;
   std::int64_t started_seq_ = 0;
@@ -140,6 +165,7 @@ class session : public runtime::actor<session, session_message> {
   std::shared_ptr<runtime::one_shot<int>> busy_done_;
   protocol::turn_id turn_;  // the current busy period's turn
   std::shared_ptr<runtime::one_shot<int>> withhold_;
+  std::shared_ptr<asio::steady_timer> retry_timer_;  // a retry's pause, cancelled by shutdown
 };
 
 }  // namespace tether::actors

@@ -167,7 +167,7 @@ class tracker {
       if (t.completions++ == 0) t.completion = now;
     } else if (stage == "handed_over") {
       if (t.handovers++ == 0) t.handed_over = now;
-    } else {
+    } else if (stage != "terminal") {  // the terminal commit is not timed here
       unknown_stages_.emplace_back(stage);
     }
   }
