@@ -17,6 +17,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "tether/actors/sandbox_client.hpp"
 #include "tether/protocol/ids.hpp"
 #include "tether/runtime/crash_point.hpp"
 
@@ -260,12 +261,16 @@ result<void> daemon::start() {
                                     std::to_string(sizeof(sockaddr_un::sun_path) - 1) +
                                     "; choose a shorter --state-dir"};
   ::unlink(sock.c_str());  // we hold the lock: a socket file left here is stale
+  // The socket is created 0600: no window in which another user may connect.
+  mode_t old_mask = ::umask(077);
   try {
     acceptor_ = std::make_unique<asio::local::stream_protocol::acceptor>(
         io_, asio::local::stream_protocol::endpoint(sock.string()));
   } catch (const std::exception& e) {
+    ::umask(old_mask);
     return error{errc::io, "cannot listen on " + sock.string() + ": " + e.what()};
   }
+  ::umask(old_mask);
   ::chmod(sock.c_str(), 0600);
   asio::co_spawn(io_, accept_loop(), asio::detached);
   if (cfg_.idle_exit.count() > 0) asio::co_spawn(io_, idle_loop(), asio::detached);
@@ -292,6 +297,13 @@ awaitable<void> daemon::accept_loop() {
     auto [ec, s] = co_await acceptor_->async_accept(tuple_awaitable);
     if (ec) {
       if (stopping_ || ec == asio::error::operation_aborted) co_return;
+      continue;
+    }
+    // Only our own uid may drive jobs that run with our rights.
+    if (auto peer = actors::check_peer_uid(s.native_handle(), "a client"); !peer) {
+      log("refused a connection: " + peer.error().message);
+      boost::system::error_code ig;
+      s.close(ig);
       continue;
     }
     auto c = std::make_shared<connection>(*this, std::move(s));
@@ -367,7 +379,7 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
     return wire::error_rep{"io", w.error().message + "; nothing was started"};
   TETHER_CRASH_POINT("sandboxd.job_recorded");
   j->out_file = ::open((j->dir / "output").c_str(),
-                       O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+                       O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
   spawn_request sr{r.command, r.cwd,          r.env, (j->dir / "status").string(),
                    r.isolate, r.allow_network};
   auto sp = spawn_job(cfg_.tools, sr);

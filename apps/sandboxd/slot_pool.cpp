@@ -57,7 +57,8 @@ void slot_pool::run() {
     std::vector<std::string> files = {"output", "status"};
     for (int k = 0; k < k_record_spares; ++k) files.push_back("job.json.tmp." + std::to_string(k));
     for (auto& f : files) {
-      int fd = ::open((building / f).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      int fd = ::open((building / f).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
+                      0600);
       if (fd < 0)
         ok = false;
       else

@@ -41,7 +41,7 @@ boost::asio::awaitable<result<protocol::shell_completion>> run_job(std::string s
 
 int run(const args& a) {
   actors::wire::exec_req req;
-  std::string state_dir = actors::default_state_dir();
+  std::string state_dir;
   std::size_t i = 0;
   for (; i < a.size(); ++i) {
     const std::string& s = a[i];
@@ -80,6 +80,14 @@ int run(const args& a) {
   if (ec) return run_usage("cannot read the current directory: " + ec.message());
   req.env = actors::current_environment();
 
+  if (state_dir.empty()) {
+    auto dflt = actors::default_state_dir();
+    if (!dflt) {
+      std::fprintf(stderr, "tether run: %s\n", dflt.error().message.c_str());
+      return k_tether_failed;
+    }
+    state_dir = *dflt;
+  }
   actors::daemon_options o;
   o.state_dir = state_dir;
   o.binary = (std::filesystem::path(self_dir()) / "tether-sandboxd").string();
