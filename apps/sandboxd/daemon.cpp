@@ -403,13 +403,13 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
   return s;
 }
 
-bool daemon::drain(job& j, std::size_t budget) {
+bool daemon::drain(job& j, std::size_t budget, std::string& raw) {
   char buf[65536];
   std::size_t got = 0;
   for (;;) {
     ssize_t n = ::read(j.output_fd, buf, sizeof buf);
     if (n > 0) {
-      append_output(j, j.stream->feed(std::string_view(buf, static_cast<std::size_t>(n))));
+      raw.append(buf, static_cast<std::size_t>(n));
       got += static_cast<std::size_t>(n);
       if (got >= budget) return true;
       continue;
@@ -418,6 +418,16 @@ bool daemon::drain(job& j, std::size_t budget) {
     if (errno == EINTR) continue;
     return errno == EAGAIN || errno == EWOULDBLOCK;
   }
+}
+
+awaitable<void> daemon::scrub_output(std::shared_ptr<job> j, std::string raw) {
+  if (raw.empty()) co_return;
+  // Only this job's watcher touches j->stream, and it waits here meanwhile.
+  auto work = [j, raw = std::move(raw)]() -> awaitable<std::string> {
+    co_return j->stream->feed(raw);
+  };
+  std::string scrubbed = co_await asio::co_spawn(scrub_pool_, std::move(work), use_awaitable);
+  append_output(*j, scrubbed);
 }
 
 void daemon::append_output(job& j, std::string_view s) {
@@ -453,7 +463,9 @@ awaitable<void> daemon::watch(std::shared_ptr<job> j) {
       auto b = pid_d.async_wait(wait_type::wait_read, use_awaitable);
       auto which = co_await (std::move(a) || std::move(b));
       if (which.index() == 0) {
-        open = drain(*j, 1 << 20);
+        std::string raw;
+        open = drain(*j, 1 << 20, raw);
+        co_await scrub_output(j, std::move(raw));
         continue;
       }
     } else {
@@ -463,7 +475,11 @@ awaitable<void> daemon::watch(std::shared_ptr<job> j) {
   }
   // What the shell wrote before it exited is in the pipe already. Processes it
   // left behind may keep writing; take a bounded amount.
-  if (open) drain(*j, 4 << 20);
+  if (open) {
+    std::string raw;
+    drain(*j, 4 << 20, raw);
+    co_await scrub_output(j, std::move(raw));
+  }
   std::optional<std::pair<bool, int>> shell;
   if (j->is_child) shell = reap(pid_d.native_handle());
   finalize(j, shell,
