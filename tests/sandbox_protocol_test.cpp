@@ -94,6 +94,47 @@ TEST_CASE("malformed requests are decode errors that name the field", "[sandbox]
              Catch::Contains("wait_ms: expected an integer"));
 }
 
+TEST_CASE("a NUL byte in command, cwd or an env value is refused, naming the field",
+          "[sandbox][security]") {
+  auto problem = [](std::string_view line) {
+    auto d = wire::decode_request(line);
+    REQUIRE_FALSE(d.has_value());
+    return d.error().describe();
+  };
+  CHECK_THAT(problem(R"({"type":"exec","command":"echo ok\u0000; rm -rf x","cwd":"/"})"),
+             Catch::Contains("command: contains a NUL byte at 7"));
+  CHECK_THAT(problem(R"({"type":"exec","command":"ls","cwd":"/tmp\u0000/etc"})"),
+             Catch::Contains("cwd: contains a NUL byte"));
+  CHECK_THAT(
+      problem(R"({"type":"exec","command":"ls","cwd":"/","env":{"API_TOKEN":"abc\u0000defghij"}})"),
+      Catch::Contains("env.API_TOKEN: contains a NUL byte"));
+}
+
+TEST_CASE("a key that appears twice in one object is refused, not last-wins",
+          "[sandbox][security]") {
+  auto d = wire::decode_request(R"({"type":"list","type":"exec","command":"id","cwd":"/"})");
+  REQUIRE_FALSE(d.has_value());
+  CHECK_THAT(d.error().describe(), Catch::Contains("type: appears twice"));
+  auto nested =
+      wire::decode_request(R"({"type":"exec","command":"id","cwd":"/","env":{"A":"1","A":"2"}})");
+  REQUIRE_FALSE(nested.has_value());
+  CHECK_THAT(nested.error().describe(), Catch::Contains("A: appears twice"));
+  // The same key in two different objects is fine.
+  CHECK(wire::decode_request(R"({"type":"exec","command":"id","cwd":"/","env":{"type":"x"}})")
+            .has_value());
+}
+
+TEST_CASE("request ids are unsigned 64-bit: 2^64-1 is accepted and echoed", "[sandbox]") {
+  auto d = wire::decode_request(R"({"type":"list","id":18446744073709551615})");
+  INFO((d ? std::string() : d.error().describe()));
+  REQUIRE(d.has_value());
+  CHECK(d->id == 18446744073709551615ull);
+  wire::reply r{d->id, wire::expired_rep{}};
+  auto back = wire::decode_reply(wire::encode(r));
+  REQUIRE(back.has_value());
+  CHECK(back->id == 18446744073709551615ull);
+}
+
 TEST_CASE("the last pipeline of a command list is split into named stages", "[sandbox]") {
   CHECK(last_pipeline("cd src && cargo test | tail -n 20").stages ==
         std::vector<std::string>{"cargo test", "tail -n 20"});

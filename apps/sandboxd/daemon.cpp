@@ -150,6 +150,13 @@ class connection : public std::enable_shared_from_this<connection> {
         co_await send(id, std::move(e));
         co_return;
       }
+      if (hello_) {
+        wire::error_rep e{"refused", "hello was already said on this connection (mode " +
+                                         std::string(wire::to_string(mode_)) +
+                                         "); the mode is fixed for the connection's life"};
+        co_await send(id, std::move(e));
+        co_return;
+      }
       hello_ = true;
       mode_ = h->mode;
       co_await send(id, d_.hello(mode_));
