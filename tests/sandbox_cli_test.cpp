@@ -44,8 +44,8 @@ TEST_CASE("tether run prints the scrubbed notice and exits with the failing stag
              Catch::Contains(" failed\ncommand: for i in 1 2 3 4 5 6; do echo line $i; done;"));
   CHECK_THAT(out, Catch::Contains("\nstatus: stage 1 of 2 (sh -c 'exit 9') failed: exit 9; stage "
                                   "statuses 9 0; the pipeline's own status was 0\n"));
-  CHECK_THAT(out, Catch::EndsWith("last 3 lines:\n[... 28 earlier bytes left out ...]\nline "
-                                  "5\nline 6\ntoken [REDACTED]\n"));
+  CHECK_THAT(out, Catch::EndsWith("last 3 lines:\n[... 28 earlier bytes left out ...]\n| line "
+                                  "5\n| line 6\n| token [REDACTED]\n"));
   CHECK(out.find("tok-5f4e3d2c1b") == std::string::npos);
 
   // A second run finds the daemon the first one started.
