@@ -67,3 +67,26 @@ TEST_CASE("tether run without a command says what is missing", "[sandbox]") {
   CHECK(WEXITSTATUS(st) == 2);
   CHECK_FALSE(std::filesystem::exists(dir.file("state")));  // nothing was started
 }
+
+TEST_CASE("tether run quotes each argument when given several, and runs one as a script",
+          "[sandbox][security]") {
+  scratch_dir dir("sbx-cli-quote");
+  std::string state = dir.file("state");
+  std::string tether = std::string(TETHER_BIN_DIR) + "/tether";
+  std::vector<std::string> env = {"TETHER_SANDBOX_DIR=" + state};
+  std::string marker = dir.file("injected");
+  std::string out;
+  int st =
+      run_process({tether, "run", "--", "echo", "a b", "$HOME;touch " + marker, "it's"}, &out, env);
+  INFO(out);
+  REQUIRE(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  CHECK_THAT(out, Catch::Contains("| a b $HOME;touch " + marker + " it's\n"));
+  CHECK_FALSE(std::filesystem::exists(marker));
+  // One argument is a script: the pipe is bash's.
+  std::string out2;
+  int st2 = run_process({tether, "run", "--", "echo one | tr o 0"}, &out2, env);
+  REQUIRE(WIFEXITED(st2));
+  CHECK_THAT(out2, Catch::Contains("| 0ne\n"));
+  stop_detached(state);
+}
