@@ -265,3 +265,38 @@ TEST_CASE("the daemon hangs up on a client that runs as another user", "[sandbox
   REQUIRE(actors::stop_daemon(*h).has_value());
   CHECK_THAT(slurp(o.state_dir + "/daemon.log"), Catch::Contains("refused a connection"));
 }
+
+TEST_CASE("the daemon keeps its jobs private: jobs/ and job directories 0700, files 0600",
+          "[sandbox][security]") {
+  mode_t old_mask = ::umask(022);  // the usual umask, which made jobs/ 0755
+  sandbox_daemon d("sbx-private");
+  ::umask(old_mask);
+  auto body = [&]() -> awaitable<void> {
+    auto c = co_await connect(d.socket());
+    co_await run_to_end(*c, command("echo private", d.dir().path().string()));
+  };
+  run(body());
+  fs::path state = d.options().state_dir;
+  auto mode = [](const fs::path& p) {
+    struct stat st {};
+    REQUIRE(::lstat(p.c_str(), &st) == 0);
+    return st.st_mode & 0777;
+  };
+  CHECK(mode(state / "jobs") == 0700);
+  CHECK(mode(state / "spare") == 0700);
+  std::size_t jobs = 0;
+  for (auto& j : fs::directory_iterator(state / "jobs")) {
+    ++jobs;
+    INFO(j.path());
+    CHECK(mode(j.path()) == 0700);
+    for (auto& f : fs::directory_iterator(j.path())) {
+      INFO(f.path());
+      CHECK(mode(f.path()) == 0600);
+    }
+  }
+  CHECK(jobs == 1);
+  for (const char* f : {"sandbox.json", "lock", "daemon.log"}) {
+    INFO(f);
+    CHECK(mode(state / f) == 0600);
+  }
+}

@@ -378,7 +378,7 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
   rec.preview_bytes = r.preview_bytes;
   std::error_code ec;
   auto slot = pool_ ? pool_->take() : std::nullopt;
-  if (!slot || ::rename(slot->c_str(), j->dir.c_str()) != 0) fs::create_directories(j->dir, ec);
+  if (!slot || ::rename(slot->c_str(), j->dir.c_str()) != 0) ec = make_private_dir(j->dir);
   if (ec)
     return wire::error_rep{
         "io", "cannot create " + j->dir.string() + ": " + ec.message() + "; nothing was started"};
@@ -707,7 +707,7 @@ awaitable<void> daemon::list(std::shared_ptr<connection> c, std::uint64_t id, wi
 result<void> daemon::recover() {
   fs::path root = cfg_.state_dir / "jobs";
   std::error_code ec;
-  fs::create_directories(root, ec);
+  ec = make_private_dir(root);
   if (ec) return error{errc::io, "cannot create " + root.string() + ": " + ec.message()};
   for (auto& entry : fs::directory_iterator(root, ec)) {
     if (!entry.is_directory()) continue;

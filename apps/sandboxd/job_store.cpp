@@ -1,6 +1,7 @@
 #include "job_store.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -46,6 +47,13 @@ result<void> finish_atomic(int fd, const fs::path& tmp, const fs::path& p,
   return {};
 }
 }  // namespace
+
+std::error_code make_private_dir(const fs::path& dir) {
+  if (::mkdir(dir.c_str(), 0700) == 0) return {};
+  if (errno != EEXIST) return std::error_code(errno, std::generic_category());
+  if (::chmod(dir.c_str(), 0700) != 0) return std::error_code(errno, std::generic_category());
+  return {};
+}
 
 result<void> write_file_atomic(const fs::path& p, std::string_view content) {
   fs::path tmp = p;
