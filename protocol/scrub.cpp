@@ -125,12 +125,25 @@ bool placeholder_value(std::string_view v) {
 
 // ---- character classes for prefixed tokens ------------------------------------
 
-enum class cs { upper_digit, alnum, alnum_us, alnum_dash, b64url, b64url_dot, hex_lower, hex, b64 };
+enum class cs {
+  upper_digit,
+  lower_digit,
+  alnum,
+  alnum_us,
+  alnum_dash,
+  b64url,
+  b64url_dot,
+  hex_lower,
+  hex,
+  b64
+};
 
 bool in_cs(cs k, char c) {
   switch (k) {
     case cs::upper_digit:
       return is_upper(c) || is_digit(c);
+    case cs::lower_digit:
+      return is_lower(c) || is_digit(c);
     case cs::alnum:
       return is_alnum(c);
     case cs::alnum_us:
@@ -232,7 +245,7 @@ constexpr token_rule k_token_rules[] = {
     {"shpss_", cs::hex, 32, 32},
     {"shpca_", cs::hex, 32, 32},
     {"shppa_", cs::hex, 32, 32},
-    {"key-", cs::hex_lower, 32, 32},
+    {"key-", cs::lower_digit, 32, 32, true},  // Mailgun: hex or base36
     {"SK", cs::hex_lower, 32, 32},
     {"nfp_", cs::alnum, 30, 64},
     {"sq0atp-", cs::b64url, 20, 64},
@@ -402,6 +415,99 @@ void match_url_password(std::string_view t, spans& out) {
   }
 }
 
+bool is_name_char(char c) {
+  return is_alnum(c) || c == '_' || c == '-' || c == '.';
+}
+
+bool word_end(char c) {
+  return is_space(c) || is_eol(c) || c == '"' || c == '\'' || c == ';' || c == '&' || c == '|';
+}
+
+// The start of the line holding t[at], looking back at most 128 bytes.
+std::size_t line_start(std::string_view t, std::size_t at) {
+  std::size_t lo = at > 128 ? at - 128 : 0;
+  std::size_t b = at;
+  while (b > lo && !is_eol(t[b - 1])) --b;
+  return b;
+}
+
+// Command-line credentials: `curl -u user:PASS` / `--user user:PASS`, and
+// `mysql -pPASS` (also mysqldump, mysqladmin, mariadb).
+void match_cli_credentials(std::string_view t, spans& out) {
+  for (std::string_view flag : {" -u ", " -u", " --user ", " --user="}) {
+    bool glued = flag.back() != ' ';
+    for (std::size_t at = t.find(flag); at != std::string_view::npos; at = t.find(flag, at + 1)) {
+      std::size_t v = at + flag.size();
+      if (glued && flag == " -u" && (v >= t.size() || is_space(t[v]) || t[v] == '=')) continue;
+      if (v < t.size() && (t[v] == '"' || t[v] == '\'')) ++v;
+      std::size_t e = v;
+      while (e < t.size() && e - v <= 256 && !word_end(t[e])) ++e;
+      auto cred = t.substr(v, e - v);
+      auto colon = cred.find(':');
+      if (colon == std::string_view::npos || colon == 0 || e - v > 256) continue;
+      if (placeholder_value(cred.substr(colon + 1))) continue;
+      out.push_back({v + colon + 1, e});
+    }
+  }
+  for (std::string_view tool : {"mysql", "mariadb"}) {
+    std::size_t done_to = 0;
+    for (std::size_t at = t.find(tool); at != std::string_view::npos; at = t.find(tool, at + 1)) {
+      if (at < done_to) continue;
+      std::size_t eol = at;
+      while (eol < t.size() && !is_eol(t[eol])) ++eol;
+      done_to = eol;
+      for (std::size_t p = t.find(" -p", at); p != std::string_view::npos && p < eol;
+           p = t.find(" -p", p + 1)) {
+        std::size_t v = p + 3;
+        if (v >= eol || word_end(t[v])) continue;  // bare -p prompts for it
+        std::size_t e = v;
+        if (t[v] == '"' || t[v] == '\'') {
+          char q = t[v++];
+          e = v;
+          while (e < eol && t[e] != q) ++e;
+        } else {
+          while (e < eol && !word_end(t[e])) ++e;
+        }
+        if (!placeholder_value(t.substr(v, e - v))) out.push_back({v, e});
+      }
+    }
+  }
+}
+
+// .netrc: `machine HOST login USER password PASS` (also one per line).
+void match_netrc(std::string_view t, spans& out) {
+  for (std::size_t at = t.find("password"); at != std::string_view::npos;
+       at = t.find("password", at + 1)) {
+    if (at > 0 && !is_space(t[at - 1]) && !is_eol(t[at - 1])) continue;
+    std::size_t v = at + 8;
+    if (v >= t.size() || !is_space(t[v])) continue;
+    while (v < t.size() && is_space(t[v])) ++v;
+    std::size_t e = v;
+    while (e < t.size() && e - v <= 256 && !is_space(t[e]) && !is_eol(t[e])) ++e;
+    if (e == v || e - v > 256) continue;
+    auto before = t.substr(line_start(t, at), at - line_start(t, at));
+    bool netrc =
+        contains(before, "machine ") || contains(before, "login ") || contains(before, "default ");
+    if (!netrc || placeholder_value(t.substr(v, e - v))) continue;
+    out.push_back({v, e});
+  }
+}
+
+// <password>PASS</password>, <apiKey>…</apiKey>: an element whose name looks secret.
+void match_xml(std::string_view t, spans& out) {
+  for (std::size_t at = t.find('<'); at != std::string_view::npos; at = t.find('<', at + 1)) {
+    std::size_t nb = at + 1, ne = nb;
+    while (ne < t.size() && ne - nb <= 64 && is_name_char(t[ne])) ++ne;
+    if (ne == nb || ne >= t.size() || t[ne] != '>' || !is_alpha(t[nb])) continue;
+    if (!looks_secret_name(t.substr(nb, ne - nb))) continue;
+    std::size_t v = ne + 1, e = v;
+    while (e < t.size() && e - v <= 4096 && t[e] != '<' && !is_eol(t[e])) ++e;
+    if (e >= t.size() || t[e] != '<' || e - v > 4096) continue;
+    if (placeholder_value(t.substr(v, e - v))) continue;
+    out.push_back({v, e});
+  }
+}
+
 // -----BEGIN ... PRIVATE KEY----- blocks: the body between the armour lines.
 // Every search resumes where the last one ended, so the text is read once.
 void match_pem(std::string_view t, bool open_at_from, std::size_t from, std::size_t check,
@@ -445,10 +551,6 @@ void match_pem(std::string_view t, bool open_at_from, std::size_t from, std::siz
     if (pos >= t.size()) break;
   }
   if (open_at_check) *open_at_check = open_check;
-}
-
-bool is_name_char(char c) {
-  return is_alnum(c) || c == '_' || c == '-' || c == '.';
 }
 
 // NAME=value, NAME: value, "name": "value", --name=value, --name value.
@@ -639,6 +741,9 @@ std::vector<scrub_span> scrubber::find(std::string_view text, bool pem_open, std
   match_bearer(text, out);
   match_url_password(text, out);
   match_assignments(text, *this, out);
+  match_cli_credentials(text, out);
+  match_netrc(text, out);
+  match_xml(text, out);
   merge(out);
   return out;
 }

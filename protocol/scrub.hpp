@@ -120,6 +120,10 @@ inline constexpr scrub_worst_case k_scrub_worst_cases[] = {
     {"url-password", "u://a:b"},
     {"telegram", "123456789:AA"},
     {"jwt", "eyJ."},
+    {"netrc-password", "password "},
+    {"curl-user", " -u a:"},
+    {"mysql-p", "mysql -p"},
+    {"xml-secret", "<password>"},
 };
 
 /// Applies spans (sorted, merged) to text[from, to), clipping spans to it.
