@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -19,6 +20,7 @@
 #include <boost/asio/write.hpp>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -39,11 +41,74 @@ std::string socket_path_for(const std::string& state_dir) {
   return (fs::path(state_dir) / "sock").string();
 }
 
-std::string default_state_dir() {
-  if (const char* d = std::getenv("TETHER_SANDBOX_DIR"); d && *d) return d;
+result<std::string> default_state_dir() {
+  if (const char* d = std::getenv("TETHER_SANDBOX_DIR"); d && *d) return std::string(d);
   if (const char* h = std::getenv("HOME"); h && *h)
     return (fs::path(h) / ".tether" / "sandbox").string();
-  return "/tmp/tether-sandbox-" + std::to_string(::getuid());
+  if (const char* r = std::getenv("XDG_RUNTIME_DIR"); r && *r)
+    return (fs::path(r) / "tether-sandbox").string();
+  // A guessable directory under /tmp could be planted by another local user.
+  return error{errc::invalid,
+               "no sandbox state directory: set TETHER_SANDBOX_DIR (or HOME, or "
+               "XDG_RUNTIME_DIR) to a directory only you can write; nothing was started"};
+}
+
+result<void> secure_state_dir(const std::string& dir) {
+  if (dir.empty()) return error{errc::invalid, "no sandbox state directory given"};
+  fs::path p(dir);
+  std::error_code ec;
+  if (p.has_parent_path() && !fs::exists(p.parent_path(), ec))
+    fs::create_directories(p.parent_path(), ec);
+  if (ec) return error{errc::io, "cannot create " + p.parent_path().string() + ": " + ec.message()};
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return error{errc::io, "cannot create sandbox state directory " + dir + ": " +
+                               std::strerror(errno) + "; nothing was started"};
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return error{errc::refused, "refusing sandbox state directory " + dir + ": " +
+                                    (errno == ELOOP || errno == ENOTDIR
+                                         ? std::string("it is a symbolic link or not a directory")
+                                         : std::string(std::strerror(errno))) +
+                                    "; nothing was started"};
+  struct stat st {};
+  int rc = ::fstat(fd, &st);
+  auto done = [&](result<void> r) {
+    ::close(fd);
+    return r;
+  };
+  if (rc != 0) return done(error{errc::io, "cannot stat " + dir + ": " + std::strerror(errno)});
+  if (st.st_uid != ::geteuid())
+    return done(error{errc::refused,
+                      "refusing sandbox state directory " + dir + ": it is owned by uid " +
+                          std::to_string(st.st_uid) + ", not by uid " +
+                          std::to_string(::geteuid()) +
+                          " (this process); another user could serve a fake daemon or plant "
+                          "links there. Remove it or set TETHER_SANDBOX_DIR to a directory you "
+                          "own; nothing was started"});
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return done(error{errc::refused, "refusing sandbox state directory " + dir + ": its mode " +
+                                         mode +
+                                         " lets group or others write it; chmod 700 it or set "
+                                         "TETHER_SANDBOX_DIR elsewhere; nothing was started"});
+  }
+  if ((st.st_mode & 077) != 0 && ::fchmod(fd, 0700) != 0)
+    return done(error{errc::io, "cannot chmod 700 " + dir + ": " + std::strerror(errno)});
+  return done({});
+}
+
+result<void> check_peer_uid(int fd, const std::string& who) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    return error{errc::io, "cannot read the credentials of " + who + ": " + std::strerror(errno)};
+  if (cred.uid != ::geteuid())
+    return error{errc::refused, who + " runs as uid " + std::to_string(cred.uid) + " (pid " +
+                                    std::to_string(cred.pid) + "), not as uid " +
+                                    std::to_string(::geteuid()) +
+                                    "; refusing it, nothing was sent"};
+  return {};
 }
 
 std::string self_dir() {
@@ -65,7 +130,8 @@ std::vector<std::pair<std::string, std::string>> current_environment() {
 
 namespace {
 
-bool socket_answers(const std::string& path) {
+// True when a daemon answers at `path`; an error when what answers is not ours.
+result<bool> socket_answers(const std::string& path) {
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
   sockaddr_un a{};
@@ -76,12 +142,15 @@ bool socket_answers(const std::string& path) {
   }
   std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
   bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  result<bool> r = ok;
+  if (ok)
+    if (auto peer = check_peer_uid(fd, "the sandbox daemon at " + path); !peer) r = peer.error();
   ::close(fd);
-  return ok;
+  return r;
 }
 
 std::string last_lines(const std::string& file, std::size_t max = 600) {
-  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = ::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return "";
   std::string s;
   char buf[4096];
@@ -108,18 +177,20 @@ result<daemon_handle> ensure_daemon(const daemon_options& o) {
     return error{errc::invalid, "socket path " + h.socket_path + " is longer than " +
                                     std::to_string(sizeof(sockaddr_un::sun_path) - 1) +
                                     " bytes; choose a shorter sandbox state dir"};
-  if (!o.replace && socket_answers(h.socket_path)) {
-    h.pid = lock_holder(o.state_dir);
-    return h;
+  if (auto dir = secure_state_dir(o.state_dir); !dir) return dir.error();
+  if (!o.replace) {
+    auto answers = socket_answers(h.socket_path);
+    if (!answers) return answers.error();
+    if (*answers) {
+      h.pid = lock_holder(o.state_dir);
+      return h;
+    }
   }
   std::string bin =
       o.binary.empty() ? (fs::path(self_dir()) / "tether-sandboxd").string() : o.binary;
   if (::access(bin.c_str(), X_OK) != 0)
     return error{errc::not_found, "tether-sandboxd not found at " + bin + " (" +
                                       std::strerror(errno) + "); nothing was started"};
-  std::error_code ec;
-  fs::create_directories(o.state_dir, ec);
-  if (ec) return error{errc::io, "cannot create " + o.state_dir + ": " + ec.message()};
   std::string log =
       o.log_file.empty() ? (fs::path(o.state_dir) / "daemon.log").string() : o.log_file;
 
@@ -140,7 +211,7 @@ result<daemon_handle> ensure_daemon(const daemon_options& o) {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0)
     return error{errc::io, std::string("pipe: ") + std::strerror(errno)};
-  int logfd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  int logfd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
   int nullfd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (logfd < 0 || nullfd < 0) {
     int e = errno;
@@ -377,6 +448,10 @@ awaitable<result<std::unique_ptr<sandbox_client>>> sandbox_client::connect(
                         : errc::io,
                     "no sandbox daemon answers at " + socket_path + " (" + ec.message() +
                         "); connecting never starts one"};
+  // A daemon run by another user would receive our whole environment.
+  if (auto peer = check_peer_uid(s->sock.native_handle(), "the sandbox daemon at " + socket_path);
+      !peer)
+    co_return peer.error();
   asio::co_spawn(ex, read_all(s), asio::detached);
   std::unique_ptr<sandbox_client> c(new sandbox_client(s));
   wire::hello_req h;

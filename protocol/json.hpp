@@ -3,7 +3,6 @@
 // the problem; nothing throws to the caller.
 #include <boost/json.hpp>
 #include <boost/system/result.hpp>
-
 #include <cstdint>
 #include <optional>
 #include <ostream>
@@ -20,7 +19,9 @@ struct decode_error {
   std::string field;    // dotted path, "" for the document itself
   std::string problem;  // what was wrong
   std::string describe() const { return field.empty() ? problem : field + ": " + problem; }
-  friend std::ostream& operator<<(std::ostream& os, const decode_error& e) { return os << e.describe(); }
+  friend std::ostream& operator<<(std::ostream& os, const decode_error& e) {
+    return os << e.describe();
+  }
 };
 
 template <class T>
@@ -33,6 +34,12 @@ using decoded = boost::system::result<T, decode_error>;
 decoded<json::value> parse_json(std::string_view text);
 
 std::string to_text(const json::value& v);
+
+/// The first key that appears twice in one object of `text` (already known to
+/// parse), if any. Boost.JSON keeps one of the two silently; a wire decoder
+/// refuses such input instead of guessing which one the sender meant.
+std::optional<std::string> first_duplicate_key(std::string_view text,
+                                               const json::parse_options& opts = {});
 
 /// Field access on an object with errors naming `prefix.key`.
 class fields {

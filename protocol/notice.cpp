@@ -393,6 +393,30 @@ command_preview make_preview(std::string_view scrubbed_command, std::size_t max_
   return p;
 }
 
+std::string escape_controls(std::string_view s) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    auto c = static_cast<unsigned char>(s[i]);
+    if (c == '\r' && i + 1 < s.size() && s[i + 1] == '\n') continue;  // CRLF: one line break
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else if (c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(s[i + 1]) <= 0x9F) {
+      auto d = static_cast<unsigned char>(s[++i]);  // U+0080..U+009F, a C1 control
+      out += "\\u00";
+      out += hex[d >> 4];
+      out += hex[d & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 namespace {
 
 std::string bounded(std::string_view s, std::size_t max) {
@@ -474,10 +498,10 @@ std::string render_notice(const shell_completion& c) {
       break;
   }
   std::string out = "[tether] background job " + c.job + " " + verdict + "\n";
-  out += "command: " + c.preview.text;
+  out += "command: " + escape_controls(c.preview.text);
   if (c.preview.truncated_bytes)
     out += " [... " + std::to_string(c.preview.truncated_bytes) + " more bytes not shown]";
-  out += "\nstatus: " + render_status_line(s) + "\n";
+  out += "\nstatus: " + escape_controls(render_status_line(s)) + "\n";
   if (c.output_bytes == 0 && c.tail.empty()) {
     out += "output: none\n";
     return out;
@@ -486,8 +510,18 @@ std::string render_notice(const shell_completion& c) {
          std::to_string(c.tail_lines) + (c.tail_lines == 1 ? " line" : " lines") + ":\n";
   if (c.tail_omitted_bytes)
     out += "[... " + std::to_string(c.tail_omitted_bytes) + " earlier bytes left out ...]\n";
-  out += c.tail;
-  if (!c.tail.empty() && c.tail.back() != '\n') out += "\n";
+  // Every output line is fenced with "| ", so no output can pass for a line of
+  // the notice itself, and no control byte reaches a terminal or the model raw.
+  std::string tail = escape_controls(c.tail);
+  std::size_t b = 0;
+  while (b < tail.size()) {
+    std::size_t e = tail.find('\n', b);
+    if (e == std::string::npos) e = tail.size();
+    out += k_tail_fence;
+    out.append(tail, b, e - b);
+    out += '\n';
+    b = e + 1;
+  }
   return out;
 }
 

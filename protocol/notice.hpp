@@ -105,6 +105,14 @@ struct shell_completion {
   friend bool operator==(const shell_completion&, const shell_completion&) = default;
 };
 
+/// Prefix of every output line in a notice: output cannot pass for the
+/// notice's own lines.
+inline constexpr std::string_view k_tail_fence = "| ";
+
+/// C0 controls other than newline and tab, DEL, and C1 controls (U+0080-U+009F)
+/// shown as \xHH / \u00HH; CR before LF dropped. Job text is never shown raw.
+std::string escape_controls(std::string_view s);
+
 /// The notice text exactly as the model reads it (see docs/sandbox.md).
 std::string render_notice(const shell_completion& c);
 

@@ -22,10 +22,16 @@ decoded<json::value> parse_line(std::string_view text) {
   if (ec)
     return decode_error{"",
                         "not valid JSON at byte " + std::to_string(n) + " (" + ec.message() + ")"};
+  // Last-wins would let {"type":"list","type":"exec"} pass for a list.
+  if (auto dup = first_duplicate_key(text, opts))
+    return decode_error{*dup, "appears twice in one object; nothing was done"};
   return p.release();
 }
 
 decoded<std::uint64_t> u64(const fields& f, std::string_view key) {
+  // Unsigned fields take the whole range (ids up to 2^64-1).
+  if (auto it = f.obj().find(key); it != f.obj().end() && it->value().is_uint64())
+    return it->value().get_uint64();
   auto v = f.i64(key);
   if (!v) return v.error();
   if (*v < 0) return decode_error{f.path(key), "must not be negative"};
@@ -88,9 +94,20 @@ decoded<request_body> decode_hello(const fields& f) {
 
 decoded<request_body> decode_exec(const fields& f) {
   exec_req r;
+  // A NUL would cut the text the kernel passes on: bash, chdir and the job
+  // would see less than what was checked, recorded and scrubbed.
+  auto no_nul = [&](const std::string& v, std::string field) -> std::optional<decode_error> {
+    if (v.find('\0') == std::string::npos) return std::nullopt;
+    return decode_error{std::move(field),
+                        "contains a NUL byte at " + std::to_string(v.find('\0')) +
+                            " (the process would see only the text before it); nothing was "
+                            "started"};
+  };
   TRY_ASSIGN(r.command, f.str("command"));
   if (r.command.empty()) return decode_error{f.path("command"), "must not be empty"};
+  if (auto e = no_nul(r.command, f.path("command"))) return *e;
   TRY_ASSIGN(r.cwd, f.str("cwd"));
+  if (auto e = no_nul(r.cwd, f.path("cwd"))) return *e;
   if (r.cwd.empty() || r.cwd.front() != '/')
     return decode_error{f.path("cwd"), "must be an absolute path, got '" + r.cwd + "'"};
   if (f.has("env")) {
@@ -102,7 +119,9 @@ decoded<request_body> decode_exec(const fields& f) {
       std::string k(kv.key());
       if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos)
         return decode_error{f.path("env"), "'" + k + "' is not a variable name"};
-      r.env.emplace_back(std::move(k), std::string(kv.value().get_string()));
+      std::string v(kv.value().get_string());
+      if (auto e = no_nul(v, f.path("env") + "." + k)) return *e;
+      r.env.emplace_back(std::move(k), std::move(v));
     }
   }
   if (f.has("secret_names")) {

@@ -117,6 +117,7 @@ bool placeholder_value(std::string_view v) {
   if (v == k_redacted) return true;
   if (std::all_of(v.begin(), v.end(), [](char c) { return c == '*' || c == 'x' || c == 'X'; }))
     return true;
+  if (v.size() > 16) return false;  // longer than every word below
   auto l = to_lower(v);
   return l == "null" || l == "none" || l == "true" || l == "false" || l == "undefined" ||
          l == "nil" || l == "required" || l == "optional";
@@ -124,12 +125,25 @@ bool placeholder_value(std::string_view v) {
 
 // ---- character classes for prefixed tokens ------------------------------------
 
-enum class cs { upper_digit, alnum, alnum_us, alnum_dash, b64url, b64url_dot, hex_lower, hex, b64 };
+enum class cs {
+  upper_digit,
+  lower_digit,
+  alnum,
+  alnum_us,
+  alnum_dash,
+  b64url,
+  b64url_dot,
+  hex_lower,
+  hex,
+  b64
+};
 
 bool in_cs(cs k, char c) {
   switch (k) {
     case cs::upper_digit:
       return is_upper(c) || is_digit(c);
+    case cs::lower_digit:
+      return is_lower(c) || is_digit(c);
     case cs::alnum:
       return is_alnum(c);
     case cs::alnum_us:
@@ -231,26 +245,79 @@ constexpr token_rule k_token_rules[] = {
     {"shpss_", cs::hex, 32, 32},
     {"shpca_", cs::hex, 32, 32},
     {"shppa_", cs::hex, 32, 32},
-    {"key-", cs::hex_lower, 32, 32},
+    {"key-", cs::lower_digit, 32, 32, true},  // Mailgun: hex or base36
     {"SK", cs::hex_lower, 32, 32},
     {"nfp_", cs::alnum, 30, 64},
     {"sq0atp-", cs::b64url, 20, 64},
     {"sq0csp-", cs::b64url, 40, 64},
 };
 
+// The first position at or after `from` where `stop(c)` holds (or t.size()),
+// remembering the last answer: a later search starting inside an already
+// scanned stretch reuses it, so overlapping candidates never rescan a run.
+class next_stop {
+ public:
+  using stop_fn = bool (*)(char);
+  explicit next_stop(stop_fn stop) : stop_(stop) {}
+  std::size_t find(std::string_view t, std::size_t from) {
+    if (from >= from_ && from <= at_) return at_;
+    std::size_t i = from;
+    while (i < t.size() && !stop_(t[i])) ++i;
+    from_ = from;
+    at_ = i;
+    return i;
+  }
+
+ private:
+  stop_fn stop_;
+  std::size_t from_ = std::string_view::npos;
+  std::size_t at_ = 0;
+};
+
+// After an ANSI control sequence (ESC [ params final-letter): the letter ends
+// the sequence, not a word, so a token glued to it still starts a word.
+bool after_ansi(std::string_view t, std::size_t at) {
+  if (at < 3) return false;
+  char fin = t[at - 1];
+  if (fin < '@' || fin > '~') return false;
+  std::size_t i = at - 1;
+  std::size_t lo = at > 40 ? at - 40 : 0;
+  while (i > lo && ((t[i - 1] >= '0' && t[i - 1] <= '9') || t[i - 1] == ';' || t[i - 1] == '?'))
+    --i;
+  return i >= 2 && t[i - 1] == '[' && t[i - 2] == '\x1b';
+}
+
+// Short or word-like prefixes ("sk-", "key-") need a word boundary before
+// them; longer, distinctive ones are caught even when glued to a word
+// ("idAKIA…", "stripeKeysk_live_…").
+bool needs_boundary(const token_rule& r) {
+  return r.prefix.size() < 4 || r.prefix == "key-" || r.prefix == "xai-";
+}
+
+// Linear: every run of the rule's characters is scanned once per rule, and
+// an occurrence of the prefix inside an already scanned run reuses its end.
 void match_token_rules(std::string_view t, spans& out) {
   for (const auto& r : k_token_rules) {
+    std::size_t run_begin = std::string_view::npos, run_end = 0;
     for (std::size_t at = t.find(r.prefix); at != std::string_view::npos;
          at = t.find(r.prefix, at + 1)) {
-      if (at > 0 && is_alnum(t[at - 1])) continue;
+      if (at > 0 && is_alnum(t[at - 1]) && needs_boundary(r) && !after_ansi(t, at)) continue;
       std::size_t b = at + r.prefix.size();
-      std::size_t e = b;
-      while (e < t.size() && in_cs(r.set, t[e])) ++e;
+      std::size_t e;
+      if (run_begin != std::string_view::npos && b >= run_begin && b <= run_end) {
+        e = run_end;
+      } else {
+        e = b;
+        while (e < t.size() && in_cs(r.set, t[e])) ++e;
+        run_begin = b;
+        run_end = e;
+      }
       std::size_t n = e - b;
       if (n < r.min || n > r.max) continue;
       if (r.mixed) {
         bool letter = false, digit = false;
-        for (std::size_t i = b; i < e; ++i) letter |= is_alpha(t[i]), digit |= is_digit(t[i]);
+        for (std::size_t i = b; i < e && !(letter && digit); ++i)
+          letter |= is_alpha(t[i]), digit |= is_digit(t[i]);
         if (!letter || !digit) continue;
       }
       out.push_back({at, e});
@@ -278,7 +345,7 @@ void match_jwt(std::string_view t, spans& out) {
 void match_telegram(std::string_view t, spans& out) {
   for (std::size_t at = t.find(":AA"); at != std::string_view::npos; at = t.find(":AA", at + 1)) {
     std::size_t b = at;
-    while (b > 0 && is_digit(t[b - 1])) --b;
+    while (b > 0 && at - b <= 10 && is_digit(t[b - 1])) --b;
     if (at - b < 8 || at - b > 10 || (b > 0 && is_alnum(t[b - 1]))) continue;
     std::size_t e = at + 1;
     while (e < t.size() && in_cs(cs::b64url, t[e])) ++e;
@@ -315,29 +382,146 @@ void match_bearer(std::string_view t, spans& out) {
   }
 }
 
+bool url_stop(char c) {
+  return is_space(c) || is_eol(c) || std::string_view("\"'<>`\\").find(c) != std::string_view::npos;
+}
+
+// scheme://user:PASSWORD@host. The password may hold '/', '?' or '#'
+// (mysql://root:pa/ss@db); "host:8080/path@x" is a port, not a password.
 void match_url_password(std::string_view t, spans& out) {
+  constexpr std::size_t k_max_part = 256;
+  next_stop at_or_stop([](char c) { return c == '@' || url_stop(c); });
   for (std::size_t at = t.find("://"); at != std::string_view::npos; at = t.find("://", at + 1)) {
     if (at == 0 || !is_alpha(t[at - 1])) continue;
     std::size_t b = at + 3;
-    std::size_t e = b;
-    while (e < t.size() && !is_space(t[e]) && !is_eol(t[e]) &&
-           std::string_view("/?#\"'<>`\\").find(t[e]) == std::string_view::npos)
-      ++e;
-    auto auth = t.substr(b, e - b);
-    auto atsign = auth.rfind('@');
-    if (atsign == std::string_view::npos) continue;
-    auto colon = auth.find(':');
-    if (colon == std::string_view::npos || colon > atsign) continue;
-    auto pw = auth.substr(colon + 1, atsign - colon - 1);
+    // The user part stops at ':' (or anything that ends an authority).
+    std::size_t colon = b;
+    while (colon < t.size() && colon - b <= k_max_part && !url_stop(t[colon]) &&
+           std::string_view(":/?#@").find(t[colon]) == std::string_view::npos)
+      ++colon;
+    if (colon >= t.size() || t[colon] != ':' || colon - b > k_max_part) continue;
+    std::size_t pb = colon + 1;
+    std::size_t atsign = at_or_stop.find(t, pb);
+    if (atsign >= t.size() || t[atsign] != '@' || atsign - pb > k_max_part) continue;
+    auto pw = t.substr(pb, atsign - pb);
+    auto cut = pw.find_first_of("/?#");
+    if (cut != std::string_view::npos) {
+      auto first = pw.substr(0, cut);
+      if (std::all_of(first.begin(), first.end(), is_digit)) continue;  // a port
+      // The password's '@' is the last one before the host: an '@' later in a path is not.
+    }
     if (placeholder_value(pw)) continue;
-    out.push_back({b + colon + 1, b + atsign});
+    out.push_back({pb, atsign});
+  }
+}
+
+bool is_name_char(char c) {
+  return is_alnum(c) || c == '_' || c == '-' || c == '.';
+}
+
+bool word_end(char c) {
+  return is_space(c) || is_eol(c) || c == '"' || c == '\'' || c == ';' || c == '&' || c == '|';
+}
+
+// The start of the line holding t[at], looking back at most 128 bytes.
+std::size_t line_start(std::string_view t, std::size_t at) {
+  std::size_t lo = at > 128 ? at - 128 : 0;
+  std::size_t b = at;
+  while (b > lo && !is_eol(t[b - 1])) --b;
+  return b;
+}
+
+// Command-line credentials: `curl -u user:PASS` / `--user user:PASS`, and
+// `mysql -pPASS` (also mysqldump, mysqladmin, mariadb).
+void match_cli_credentials(std::string_view t, spans& out) {
+  for (std::string_view flag : {" -u ", " -u", " --user ", " --user="}) {
+    bool glued = flag.back() != ' ';
+    for (std::size_t at = t.find(flag); at != std::string_view::npos; at = t.find(flag, at + 1)) {
+      std::size_t v = at + flag.size();
+      if (glued && flag == " -u" && (v >= t.size() || is_space(t[v]) || t[v] == '=')) continue;
+      if (v < t.size() && (t[v] == '"' || t[v] == '\'')) ++v;
+      std::size_t e = v;
+      while (e < t.size() && e - v <= 256 && !word_end(t[e])) ++e;
+      auto cred = t.substr(v, e - v);
+      auto colon = cred.find(':');
+      if (colon == std::string_view::npos || colon == 0 || e - v > 256) continue;
+      if (placeholder_value(cred.substr(colon + 1))) continue;
+      out.push_back({v + colon + 1, e});
+    }
+  }
+  for (std::string_view tool : {"mysql", "mariadb"}) {
+    std::size_t done_to = 0;
+    for (std::size_t at = t.find(tool); at != std::string_view::npos; at = t.find(tool, at + 1)) {
+      if (at < done_to) continue;
+      std::size_t eol = at;
+      while (eol < t.size() && !is_eol(t[eol])) ++eol;
+      done_to = eol;
+      for (std::size_t p = t.find(" -p", at); p != std::string_view::npos && p < eol;
+           p = t.find(" -p", p + 1)) {
+        std::size_t v = p + 3;
+        if (v >= eol || word_end(t[v])) continue;  // bare -p prompts for it
+        std::size_t e = v;
+        if (t[v] == '"' || t[v] == '\'') {
+          char q = t[v++];
+          e = v;
+          while (e < eol && t[e] != q) ++e;
+        } else {
+          while (e < eol && !word_end(t[e])) ++e;
+        }
+        if (!placeholder_value(t.substr(v, e - v))) out.push_back({v, e});
+      }
+    }
+  }
+}
+
+// .netrc: `machine HOST login USER password PASS` (also one per line).
+void match_netrc(std::string_view t, spans& out) {
+  for (std::size_t at = t.find("password"); at != std::string_view::npos;
+       at = t.find("password", at + 1)) {
+    if (at > 0 && !is_space(t[at - 1]) && !is_eol(t[at - 1])) continue;
+    std::size_t v = at + 8;
+    if (v >= t.size() || !is_space(t[v])) continue;
+    while (v < t.size() && is_space(t[v])) ++v;
+    std::size_t e = v;
+    while (e < t.size() && e - v <= 256 && !is_space(t[e]) && !is_eol(t[e])) ++e;
+    if (e == v || e - v > 256) continue;
+    auto before = t.substr(line_start(t, at), at - line_start(t, at));
+    bool netrc =
+        contains(before, "machine ") || contains(before, "login ") || contains(before, "default ");
+    if (!netrc || placeholder_value(t.substr(v, e - v))) continue;
+    out.push_back({v, e});
+  }
+}
+
+// <password>PASS</password>, <apiKey>…</apiKey>: an element whose name looks secret.
+void match_xml(std::string_view t, spans& out) {
+  for (std::size_t at = t.find('<'); at != std::string_view::npos; at = t.find('<', at + 1)) {
+    std::size_t nb = at + 1, ne = nb;
+    while (ne < t.size() && ne - nb <= 64 && is_name_char(t[ne])) ++ne;
+    if (ne == nb || ne >= t.size() || t[ne] != '>' || !is_alpha(t[nb])) continue;
+    if (!looks_secret_name(t.substr(nb, ne - nb))) continue;
+    std::size_t v = ne + 1, e = v;
+    while (e < t.size() && e - v <= 4096 && t[e] != '<' && !is_eol(t[e])) ++e;
+    if (e >= t.size() || t[e] != '<' || e - v > 4096) continue;
+    if (placeholder_value(t.substr(v, e - v))) continue;
+    out.push_back({v, e});
   }
 }
 
 // -----BEGIN ... PRIVATE KEY----- blocks: the body between the armour lines.
+// Every search resumes where the last one ended, so the text is read once.
 void match_pem(std::string_view t, bool open_at_from, std::size_t from, std::size_t check,
                bool* open_at_check, spans& out) {
-  auto find_end = [&](std::size_t from_pos) { return t.find("-----END ", from_pos); };
+  constexpr std::size_t k_max_header = 128;
+  std::size_t end_from = std::string_view::npos, end_at = 0;
+  auto find_end = [&](std::size_t from_pos) {
+    if (end_from != std::string_view::npos && from_pos >= end_from &&
+        (end_at == std::string_view::npos || from_pos <= end_at))
+      return end_at;
+    end_from = from_pos;
+    end_at = t.find("-----END ", from_pos);
+    return end_at;
+  };
   bool open_check = false;
   auto add_body = [&](std::size_t b) {
     std::size_t e = find_end(b);
@@ -354,27 +538,35 @@ void match_pem(std::string_view t, bool open_at_from, std::size_t from, std::siz
   }
   for (std::size_t at = t.find("-----BEGIN ", pos); at != std::string_view::npos;
        at = t.find("-----BEGIN ", pos)) {
-    std::size_t eol = t.find('\n', at);
-    std::string_view header = t.substr(at, eol == std::string_view::npos ? t.npos : eol - at);
+    std::string_view header = t.substr(at, k_max_header);
+    header = header.substr(0, header.find('\n'));
     if (!contains(header, "PRIVATE KEY")) {
       pos = at + 11;
       continue;
     }
     // The body starts after the header's closing dashes.
-    std::size_t close = t.find("-----", at + 11);
-    std::size_t b = close == std::string_view::npos ? t.size() : close + 5;
+    std::size_t close = header.find("-----", 11);
+    std::size_t b = close == std::string_view::npos ? at + header.size() : at + close + 5;
     pos = add_body(b);
     if (pos >= t.size()) break;
   }
   if (open_at_check) *open_at_check = open_check;
 }
 
-bool is_name_char(char c) {
-  return is_alnum(c) || c == '_' || c == '-' || c == '.';
-}
-
 // NAME=value, NAME: value, "name": "value", --name=value, --name value.
+// Linear: a value's end is found through next_stop caches, so separators
+// inside one long value (a=a=a=…) do not rescan it.
 void match_assignments(std::string_view t, const scrubber& s, spans& out) {
+  auto value_stop = [](char c) {
+    return is_space(c) || is_eol(c) ||
+           std::string_view("\"'`,;&|<>)}]").find(c) != std::string_view::npos;
+  };
+  next_stop unquoted(value_stop);
+  next_stop to_eol([](char c) { return is_eol(c); });
+  next_stop to_dq([](char c) { return is_eol(c) || c == '"'; });
+  next_stop to_sq([](char c) { return is_eol(c) || c == '\''; });
+  std::size_t trim_from = std::string_view::npos, trim_to = 0;
+  char trim_encl = 0;
   std::size_t i = 0;
   while (i < t.size()) {
     std::size_t sep = t.find_first_of("=: ", i);
@@ -418,15 +610,23 @@ void match_assignments(std::string_view t, const scrubber& s, spans& out) {
     if (t[v] == '"' || t[v] == '\'') {
       char q = t[v];
       vb = v + 1;
-      ve = vb;
-      while (ve < t.size() && t[ve] != q && !is_eol(t[ve])) ve += (t[ve] == '\\' ? 2 : 1);
-      ve = std::min(ve, t.size());
+      auto& to_q = q == '"' ? to_dq : to_sq;
+      ve = to_q.find(t, vb);
+      // An escaped quote does not close the value.
+      while (ve < t.size() && t[ve] == q && ve > vb && t[ve - 1] == '\\') ve = to_q.find(t, ve + 1);
     } else if (header_like(lname)) {
       // To the end of the line, or to the quote that encloses `-H "Name: value"`.
       char encl = nb > 0 && (t[nb - 1] == '"' || t[nb - 1] == '\'') ? t[nb - 1] : 0;
-      ve = vb;
-      while (ve < t.size() && !is_eol(t[ve]) && t[ve] != encl) ++ve;
-      while (ve > vb && (is_space(t[ve - 1]) || (encl && t[ve - 1] == '\\'))) --ve;
+      ve = encl == '"' ? to_dq.find(t, vb) : encl == '\'' ? to_sq.find(t, vb) : to_eol.find(t, vb);
+      // Trailing blanks before one line end are trimmed once, not once per candidate.
+      if (ve == trim_from && encl == trim_encl) {
+        ve = std::max(vb, trim_to);
+      } else {
+        trim_from = ve;
+        trim_encl = encl;
+        while (ve > vb && (is_space(t[ve - 1]) || (encl && t[ve - 1] == '\\'))) --ve;
+        trim_to = ve;
+      }
       // "Bearer $TOKEN": the scheme is followed by a reference, not a credential.
       auto value = t.substr(vb, ve - vb);
       auto sp = value.find(' ');
@@ -436,18 +636,12 @@ void match_assignments(std::string_view t, const scrubber& s, spans& out) {
         if (placeholder_value(cred)) continue;
       }
     } else {
-      auto stop = [](char c) {
-        return is_space(c) || is_eol(c) ||
-               std::string_view("\"'`,;&|<>)}]").find(c) != std::string_view::npos;
-      };
-      ve = vb;
-      while (ve < t.size() && !stop(t[ve])) ++ve;
+      ve = unquoted.find(t, vb);
       // "Authorization: Bearer abc" style: a scheme word, then the credential.
-      if (auth_scheme(t.substr(vb, ve - vb)) && ve < t.size() && is_space(t[ve])) {
+      if (ve - vb <= 16 && auth_scheme(t.substr(vb, ve - vb)) && ve < t.size() && is_space(t[ve])) {
         std::size_t w = ve;
         while (w < t.size() && is_space(t[w])) ++w;
-        std::size_t we = w;
-        while (we < t.size() && !stop(t[we])) ++we;
+        std::size_t we = unquoted.find(t, w);
         if (we > w) vb = w, ve = we;
       }
     }
@@ -547,6 +741,9 @@ std::vector<scrub_span> scrubber::find(std::string_view text, bool pem_open, std
   match_bearer(text, out);
   match_url_password(text, out);
   match_assignments(text, *this, out);
+  match_cli_credentials(text, out);
+  match_netrc(text, out);
+  match_xml(text, out);
   merge(out);
   return out;
 }
@@ -601,9 +798,11 @@ std::string stream_scrubber::emit(std::size_t cut, bool keep_context) {
 }
 
 std::string stream_scrubber::feed(std::string_view chunk) {
+  // Only the new chunk is searched for a line break: held bytes have none.
+  std::size_t before = pending_.size();
   pending_.append(chunk);
-  auto nl = pending_.find_last_of("\n\r");
-  if (nl != std::string::npos) return emit(nl + 1, false);
+  auto nl = chunk.find_last_of("\n\r");
+  if (nl != std::string_view::npos) return emit(before + nl + 1, false);
   if (pending_.size() > k_max_hold) return emit(pending_.size() - k_overlap, true);
   return {};
 }

@@ -99,6 +99,33 @@ class stream_scrubber {
   bool last_redacted_ = false;  // the emitted bytes so far end inside a redaction
 };
 
+/// Repeating units that once made scrubbing quadratic (a prefix rescanned at
+/// every occurrence, a value rescanned at every separator). Scrubbing text made
+/// of any of them is linear; tests/scrub_test.cpp and bench/bench_scrub.cpp
+/// prove and measure it.
+struct scrub_worst_case {
+  std::string_view name;
+  std::string_view unit;
+};
+inline constexpr scrub_worst_case k_scrub_worst_cases[] = {
+    {"sk-", "sk-"},
+    {"xoxb-", "xoxb-"},
+    {"ya29.", "ya29."},
+    {"github_pat_", "github_pat_"},
+    {"pem-begin", "-----BEGIN "},
+    {"pem-private", "-----BEGIN PRIVATE KEY-----"},
+    {"assignment-placeholder", "a_token=$"},
+    {"assignment-quoted", "password=\"$ "},
+    {"header-placeholder", "cookie: $ "},
+    {"url-password", "u://a:b"},
+    {"telegram", "123456789:AA"},
+    {"jwt", "eyJ."},
+    {"netrc-password", "password "},
+    {"curl-user", " -u a:"},
+    {"mysql-p", "mysql -p"},
+    {"xml-secret", "<password>"},
+};
+
 /// Applies spans (sorted, merged) to text[from, to), clipping spans to it.
 std::string apply_spans(std::string_view text, const std::vector<scrub_span>& spans,
                         std::size_t from, std::size_t to);

@@ -44,8 +44,8 @@ TEST_CASE("tether run prints the scrubbed notice and exits with the failing stag
              Catch::Contains(" failed\ncommand: for i in 1 2 3 4 5 6; do echo line $i; done;"));
   CHECK_THAT(out, Catch::Contains("\nstatus: stage 1 of 2 (sh -c 'exit 9') failed: exit 9; stage "
                                   "statuses 9 0; the pipeline's own status was 0\n"));
-  CHECK_THAT(out, Catch::EndsWith("last 3 lines:\n[... 28 earlier bytes left out ...]\nline "
-                                  "5\nline 6\ntoken [REDACTED]\n"));
+  CHECK_THAT(out, Catch::EndsWith("last 3 lines:\n[... 28 earlier bytes left out ...]\n| line "
+                                  "5\n| line 6\n| token [REDACTED]\n"));
   CHECK(out.find("tok-5f4e3d2c1b") == std::string::npos);
 
   // A second run finds the daemon the first one started.
@@ -66,4 +66,27 @@ TEST_CASE("tether run without a command says what is missing", "[sandbox]") {
   REQUIRE(WIFEXITED(st));
   CHECK(WEXITSTATUS(st) == 2);
   CHECK_FALSE(std::filesystem::exists(dir.file("state")));  // nothing was started
+}
+
+TEST_CASE("tether run quotes each argument when given several, and runs one as a script",
+          "[sandbox][security]") {
+  scratch_dir dir("sbx-cli-quote");
+  std::string state = dir.file("state");
+  std::string tether = std::string(TETHER_BIN_DIR) + "/tether";
+  std::vector<std::string> env = {"TETHER_SANDBOX_DIR=" + state};
+  std::string marker = dir.file("injected");
+  std::string out;
+  int st =
+      run_process({tether, "run", "--", "echo", "a b", "$HOME;touch " + marker, "it's"}, &out, env);
+  INFO(out);
+  REQUIRE(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  CHECK_THAT(out, Catch::Contains("| a b $HOME;touch " + marker + " it's\n"));
+  CHECK_FALSE(std::filesystem::exists(marker));
+  // One argument is a script: the pipe is bash's.
+  std::string out2;
+  int st2 = run_process({tether, "run", "--", "echo one | tr o 0"}, &out2, env);
+  REQUIRE(WIFEXITED(st2));
+  CHECK_THAT(out2, Catch::Contains("| 0ne\n"));
+  stop_detached(state);
 }

@@ -457,3 +457,17 @@ TEST_CASE("malformed or unknown input gets an error reply and never takes the da
   CHECK_THAT(r2.ask(R"({"type":"exec","id":2,"command":"true","cwd":"/"})"),
              Catch::Contains("read-only"));
 }
+
+TEST_CASE("a second hello is refused: a read-only connection stays read-only",
+          "[sandbox][security]") {
+  sandbox_daemon d("sbx-hello-twice");
+  raw_conn r(d.socket());
+  CHECK_THAT(r.ask(R"({"type":"hello","v":1,"mode":"read_only","id":1})"),
+             Catch::Contains(R"("mode":"read_only")"));
+  CHECK_THAT(r.ask(R"({"type":"hello","v":1,"mode":"read_write","id":2})"),
+             Catch::Contains("refused") && Catch::Contains("hello was already said"));
+  auto cwd = d.dir().path().string();
+  CHECK_THAT(r.ask(R"({"type":"exec","id":3,"command":"touch upgraded","cwd":")" + cwd + R"("})"),
+             Catch::Contains("read-only"));
+  CHECK_FALSE(std::filesystem::exists(d.dir().path() / "upgraded"));
+}

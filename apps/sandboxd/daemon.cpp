@@ -17,6 +17,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "tether/actors/sandbox_client.hpp"
 #include "tether/protocol/ids.hpp"
 #include "tether/runtime/crash_point.hpp"
 
@@ -149,6 +150,13 @@ class connection : public std::enable_shared_from_this<connection> {
         co_await send(id, std::move(e));
         co_return;
       }
+      if (hello_) {
+        wire::error_rep e{"refused", "hello was already said on this connection (mode " +
+                                         std::string(wire::to_string(mode_)) +
+                                         "); the mode is fixed for the connection's life"};
+        co_await send(id, std::move(e));
+        co_return;
+      }
       hello_ = true;
       mode_ = h->mode;
       co_await send(id, d_.hello(mode_));
@@ -260,12 +268,16 @@ result<void> daemon::start() {
                                     std::to_string(sizeof(sockaddr_un::sun_path) - 1) +
                                     "; choose a shorter --state-dir"};
   ::unlink(sock.c_str());  // we hold the lock: a socket file left here is stale
+  // The socket is created 0600: no window in which another user may connect.
+  mode_t old_mask = ::umask(077);
   try {
     acceptor_ = std::make_unique<asio::local::stream_protocol::acceptor>(
         io_, asio::local::stream_protocol::endpoint(sock.string()));
   } catch (const std::exception& e) {
+    ::umask(old_mask);
     return error{errc::io, "cannot listen on " + sock.string() + ": " + e.what()};
   }
+  ::umask(old_mask);
   ::chmod(sock.c_str(), 0600);
   asio::co_spawn(io_, accept_loop(), asio::detached);
   if (cfg_.idle_exit.count() > 0) asio::co_spawn(io_, idle_loop(), asio::detached);
@@ -292,6 +304,13 @@ awaitable<void> daemon::accept_loop() {
     auto [ec, s] = co_await acceptor_->async_accept(tuple_awaitable);
     if (ec) {
       if (stopping_ || ec == asio::error::operation_aborted) co_return;
+      continue;
+    }
+    // Only our own uid may drive jobs that run with our rights.
+    if (auto peer = actors::check_peer_uid(s.native_handle(), "a client"); !peer) {
+      log("refused a connection: " + peer.error().message);
+      boost::system::error_code ig;
+      s.close(ig);
       continue;
     }
     auto c = std::make_shared<connection>(*this, std::move(s));
@@ -359,7 +378,7 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
   rec.preview_bytes = r.preview_bytes;
   std::error_code ec;
   auto slot = pool_ ? pool_->take() : std::nullopt;
-  if (!slot || ::rename(slot->c_str(), j->dir.c_str()) != 0) fs::create_directories(j->dir, ec);
+  if (!slot || ::rename(slot->c_str(), j->dir.c_str()) != 0) ec = make_private_dir(j->dir);
   if (ec)
     return wire::error_rep{
         "io", "cannot create " + j->dir.string() + ": " + ec.message() + "; nothing was started"};
@@ -367,7 +386,7 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
     return wire::error_rep{"io", w.error().message + "; nothing was started"};
   TETHER_CRASH_POINT("sandboxd.job_recorded");
   j->out_file = ::open((j->dir / "output").c_str(),
-                       O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+                       O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
   spawn_request sr{r.command, r.cwd,          r.env, (j->dir / "status").string(),
                    r.isolate, r.allow_network};
   auto sp = spawn_job(cfg_.tools, sr);
@@ -391,13 +410,13 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
   return s;
 }
 
-bool daemon::drain(job& j, std::size_t budget) {
+bool daemon::drain(job& j, std::size_t budget, std::string& raw) {
   char buf[65536];
   std::size_t got = 0;
   for (;;) {
     ssize_t n = ::read(j.output_fd, buf, sizeof buf);
     if (n > 0) {
-      append_output(j, j.stream->feed(std::string_view(buf, static_cast<std::size_t>(n))));
+      raw.append(buf, static_cast<std::size_t>(n));
       got += static_cast<std::size_t>(n);
       if (got >= budget) return true;
       continue;
@@ -406,6 +425,16 @@ bool daemon::drain(job& j, std::size_t budget) {
     if (errno == EINTR) continue;
     return errno == EAGAIN || errno == EWOULDBLOCK;
   }
+}
+
+awaitable<void> daemon::scrub_output(std::shared_ptr<job> j, std::string raw) {
+  if (raw.empty()) co_return;
+  // Only this job's watcher touches j->stream, and it waits here meanwhile.
+  auto work = [j, raw = std::move(raw)]() -> awaitable<std::string> {
+    co_return j->stream->feed(raw);
+  };
+  std::string scrubbed = co_await asio::co_spawn(scrub_pool_, std::move(work), use_awaitable);
+  append_output(*j, scrubbed);
 }
 
 void daemon::append_output(job& j, std::string_view s) {
@@ -441,7 +470,9 @@ awaitable<void> daemon::watch(std::shared_ptr<job> j) {
       auto b = pid_d.async_wait(wait_type::wait_read, use_awaitable);
       auto which = co_await (std::move(a) || std::move(b));
       if (which.index() == 0) {
-        open = drain(*j, 1 << 20);
+        std::string raw;
+        open = drain(*j, 1 << 20, raw);
+        co_await scrub_output(j, std::move(raw));
         continue;
       }
     } else {
@@ -451,7 +482,11 @@ awaitable<void> daemon::watch(std::shared_ptr<job> j) {
   }
   // What the shell wrote before it exited is in the pipe already. Processes it
   // left behind may keep writing; take a bounded amount.
-  if (open) drain(*j, 4 << 20);
+  if (open) {
+    std::string raw;
+    drain(*j, 4 << 20, raw);
+    co_await scrub_output(j, std::move(raw));
+  }
   std::optional<std::pair<bool, int>> shell;
   if (j->is_child) shell = reap(pid_d.native_handle());
   finalize(j, shell,
@@ -672,7 +707,7 @@ awaitable<void> daemon::list(std::shared_ptr<connection> c, std::uint64_t id, wi
 result<void> daemon::recover() {
   fs::path root = cfg_.state_dir / "jobs";
   std::error_code ec;
-  fs::create_directories(root, ec);
+  ec = make_private_dir(root);
   if (ec) return error{errc::io, "cannot create " + root.string() + ": " + ec.message()};
   for (auto& entry : fs::directory_iterator(root, ec)) {
     if (!entry.is_directory()) continue;

@@ -4,7 +4,8 @@
 // in DIR (see job_store.hpp) so a restarted daemon, or a host that restarted,
 // finds them again by id.
 //
-// Single-threaded: everything runs on one io_context. A job's shell is watched
+// Single-threaded: everything runs on one io_context, except output
+// scrubbing, which runs on a scrub thread while the job's watcher waits. A job's shell is watched
 // through its pidfd and its output pipe; completion is the pidfd becoming
 // readable, never a sleep. Waiters (attach followers, kills, list watchers)
 // wait on `changed_`, a timer used as a condition variable: every state change
@@ -13,6 +14,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -93,7 +95,8 @@ class daemon {
   awaitable<void> watch(std::shared_ptr<job> j);
   awaitable<void> kill_sequence(std::shared_ptr<job> j, std::chrono::milliseconds wait);
   awaitable<void> idle_loop();
-  bool drain(job& j, std::size_t budget);
+  bool drain(job& j, std::size_t budget, std::string& raw);
+  awaitable<void> scrub_output(std::shared_ptr<job> j, std::string raw);
   void append_output(job& j, std::string_view scrubbed);
   void finalize(std::shared_ptr<job> j, std::optional<std::pair<bool, int>> shell,
                 std::string unknown_reason);
@@ -115,6 +118,9 @@ class daemon {
   int connections_ = 0;
   std::chrono::steady_clock::time_point last_activity_;
   bool stopping_ = false;
+  // Output is scrubbed here, off the thread that serves connections: a job
+  // printing hostile text slows its own output, not other clients.
+  asio::thread_pool scrub_pool_{1};
 };
 
 /// Runs the daemon: parses argv, takes the state directory's lock, signals

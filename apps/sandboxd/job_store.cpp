@@ -1,6 +1,7 @@
 #include "job_store.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -47,16 +48,23 @@ result<void> finish_atomic(int fd, const fs::path& tmp, const fs::path& p,
 }
 }  // namespace
 
+std::error_code make_private_dir(const fs::path& dir) {
+  if (::mkdir(dir.c_str(), 0700) == 0) return {};
+  if (errno != EEXIST) return std::error_code(errno, std::generic_category());
+  if (::chmod(dir.c_str(), 0700) != 0) return std::error_code(errno, std::generic_category());
+  return {};
+}
+
 result<void> write_file_atomic(const fs::path& p, std::string_view content) {
   fs::path tmp = p;
   tmp += ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return error{errc::io, "cannot create " + tmp.string() + ": " + std::strerror(errno)};
   return finish_atomic(fd, tmp, p, content);
 }
 
 result<std::string> read_file(const fs::path& p) {
-  int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = ::open(p.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     errc c = errno == ENOENT ? errc::not_found : errc::io;
     return error{c, "cannot open " + p.string() + ": " + std::strerror(errno)};
@@ -151,7 +159,7 @@ result<void> write_record(const fs::path& job_dir, const job_record& r) {
   // A temp made ahead by the slot pool, while one is left: no entry to create.
   for (int k = 0; k < slot_pool::k_record_spares; ++k) {
     fs::path spare = job_dir / ("job.json.tmp." + std::to_string(k));
-    int fd = ::open(spare.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
+    int fd = ::open(spare.c_str(), O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
     if (fd >= 0) return finish_atomic(fd, spare, job_dir / "job.json", text);
   }
   return write_file_atomic(job_dir / "job.json", text);

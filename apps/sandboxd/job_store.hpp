@@ -58,6 +58,9 @@ struct job_record {
 result<void> write_record(const fs::path& job_dir, const job_record& r);
 result<job_record> read_record(const fs::path& job_dir);
 
+/// Creates `dir` (one level) mode 0700, or makes an existing one 0700: job
+/// ids embed turn ids, so no other local user may list them.
+std::error_code make_private_dir(const fs::path& dir);
 result<void> write_file_atomic(const fs::path& p, std::string_view content);
 /// Whole file, or an error naming it.
 result<std::string> read_file(const fs::path& p);

@@ -68,7 +68,8 @@ spawn_result spawn_job(const launcher_config& cfg, const spawn_request& r) {
     res.error = std::string("pipe: ") + std::strerror(errno);
     return res;
   }
-  int status_fd = ::open(r.status_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  int status_fd =
+      ::open(r.status_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (status_fd < 0) {
     res.error = "open " + r.status_path + ": " + std::strerror(errno);
     ::close(fds[0]);

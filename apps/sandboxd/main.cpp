@@ -16,6 +16,7 @@
 #include <string>
 
 #include "daemon.hpp"
+#include "tether/actors/sandbox_client.hpp"
 #include "tether/runtime/crash_point.hpp"
 
 namespace tether::sandboxd {
@@ -105,14 +106,16 @@ int daemon_main(int argc, char** argv) {
     std::fputs(k_usage, stderr);
     return fail("--state-dir is required");
   }
-  std::error_code ec;
-  fs::create_directories(cfg.state_dir, ec);
-  if (ec) return fail("cannot create state dir " + cfg.state_dir.string() + ": " + ec.message());
+  // Only our own uid may control the directory: it holds the socket and the job records.
+  if (auto r = actors::secure_state_dir(cfg.state_dir.string()); !r) {
+    say(ready_fd, "error " + r.error().message);
+    return fail(r.error().message);
+  }
   cfg.state_dir = fs::absolute(cfg.state_dir);
 
   // One daemon per directory: the lock is held for the process's life.
   fs::path lock = cfg.state_dir / "lock";
-  int lock_fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  int lock_fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (lock_fd < 0) return fail("cannot open " + lock.string() + ": " + std::strerror(errno));
   if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
     say(ready_fd, "busy");

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "job_store.hpp"
+
 namespace tether::sandboxd {
 
 namespace fs = std::filesystem;
@@ -14,7 +16,7 @@ slot_pool::slot_pool(fs::path spare_dir, std::size_t target)
     : dir_(std::move(spare_dir)), target_(target) {
   std::error_code ec;
   fs::remove_all(dir_, ec);  // half-built slots of an earlier run
-  fs::create_directories(dir_, ec);
+  make_private_dir(dir_);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -50,14 +52,13 @@ void slot_pool::run() {
     fs::path building = dir_ / ("building-" + std::to_string(n));
     fs::path ready = dir_ / ("ready-" + std::to_string(n));
     ++n;
-    std::error_code ec;
-    if (!fs::create_directory(building, ec) || ec)
-      return;  // the state dir is unusable; launches fall back
+    if (make_private_dir(building)) return;  // the state dir is unusable; launches fall back
     bool ok = true;
     std::vector<std::string> files = {"output", "status"};
     for (int k = 0; k < k_record_spares; ++k) files.push_back("job.json.tmp." + std::to_string(k));
     for (auto& f : files) {
-      int fd = ::open((building / f).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      int fd = ::open((building / f).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
+                      0600);
       if (fd < 0)
         ok = false;
       else

@@ -1,6 +1,10 @@
 // tether run [--tail N] [--isolate] [--allow-network] [--state-dir DIR] [--secret NAME]...
 //            -- COMMAND...
 //
+// One COMMAND argument is a bash script, run as written; several are a
+// command and its arguments, each quoted for bash (shell_quote), so no
+// argument is interpreted by the shell.
+//
 // Runs COMMAND as a background job through the local sandbox daemon (started
 // on demand), waits for its completion notice, prints the notice exactly as a
 // model would read it, and exits with the failing stage's status (or 0;
@@ -24,9 +28,33 @@ constexpr int k_tether_failed = 125;
 int run_usage(const std::string& problem) {
   std::fprintf(stderr,
                "tether run: %s\nusage: tether run [--tail N] [--isolate] [--allow-network] "
-               "[--state-dir DIR] [--secret NAME]... -- COMMAND...\n",
+               "[--state-dir DIR] [--secret NAME]... -- COMMAND...\n"
+               "  one COMMAND argument is a bash script, run as written ('make | tail');\n"
+               "  several are a command and its arguments, each quoted for bash as given\n",
                problem.c_str());
   return 2;
+}
+
+// One word for bash, as typed: left bare when it holds nothing bash would
+// interpret, else in single quotes.
+std::string shell_quote(const std::string& w) {
+  bool plain = !w.empty() && w.find_first_not_of(
+                                 "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuv"
+                                 "wxyz0123456789_-+=/.,:@%^") == std::string::npos;
+  if (plain) return w;
+  std::string q = "'";
+  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// One argument is a shell script, run as written (`tether run -- 'make | tail'`);
+// several are a command and its arguments, each quoted, so `tether run -- echo
+// '$HOME;id'` prints that text and runs nothing else.
+std::string command_text(const args& a, std::size_t from) {
+  if (a.size() == from + 1) return a[from];
+  std::string cmd;
+  for (std::size_t i = from; i < a.size(); ++i) cmd += (cmd.empty() ? "" : " ") + shell_quote(a[i]);
+  return cmd;
 }
 
 boost::asio::awaitable<result<protocol::shell_completion>> run_job(std::string socket,
@@ -41,7 +69,7 @@ boost::asio::awaitable<result<protocol::shell_completion>> run_job(std::string s
 
 int run(const args& a) {
   actors::wire::exec_req req;
-  std::string state_dir = actors::default_state_dir();
+  std::string state_dir;
   std::size_t i = 0;
   for (; i < a.size(); ++i) {
     const std::string& s = a[i];
@@ -73,13 +101,21 @@ int run(const args& a) {
       break;  // the command starts here
     }
   }
-  for (; i < a.size(); ++i) req.command += (req.command.empty() ? "" : " ") + a[i];
+  req.command = command_text(a, i);
   if (req.command.empty()) return run_usage("no command given");
   std::error_code ec;
   req.cwd = std::filesystem::current_path(ec).string();
   if (ec) return run_usage("cannot read the current directory: " + ec.message());
   req.env = actors::current_environment();
 
+  if (state_dir.empty()) {
+    auto dflt = actors::default_state_dir();
+    if (!dflt) {
+      std::fprintf(stderr, "tether run: %s\n", dflt.error().message.c_str());
+      return k_tether_failed;
+    }
+    state_dir = *dflt;
+  }
   actors::daemon_options o;
   o.state_dir = state_dir;
   o.binary = (std::filesystem::path(self_dir()) / "tether-sandboxd").string();
@@ -101,8 +137,9 @@ int run(const args& a) {
 }
 
 registrar run_cmd{{"run",
-                   "[--tail N] [--isolate] -- COMMAND: run COMMAND as a background job in the "
-                   "local sandbox and print its completion notice",
+                   "[--tail N] [--isolate] -- COMMAND...: run COMMAND as a background job in the "
+                   "local sandbox and print its completion notice (one argument: a bash script; "
+                   "several: a command and its arguments, each quoted)",
                    run}};
 
 }  // namespace
