@@ -457,3 +457,22 @@ TEST_CASE("malformed or unknown input gets an error reply and never takes the da
   CHECK_THAT(r2.ask(R"({"type":"exec","id":2,"command":"true","cwd":"/"})"),
              Catch::Contains("read-only"));
 }
+
+TEST_CASE("following a job keeps only the bounded tail of its output, however much it prints",
+          "[sandbox]") {
+  sandbox_daemon d("sbx-follow-bounded");
+  auto cwd = d.dir().path().string();
+  auto body = [&]() -> awaitable<void> {
+    auto c = co_await connect(d.socket());
+    // 8 MiB of output, eight times what the client retains.
+    auto done = co_await run_to_end(*c, command("head -c 8388608 /dev/zero | tr '\\0' x", cwd));
+    CHECK(done.status.exit_code == 0);
+    CHECK(done.output_bytes == 8388608u);
+    auto* kept = c->retained(protocol::job_id(done.job));
+    REQUIRE(kept != nullptr);
+    CHECK(kept->head().size() + kept->tail().size() <= protocol::head_tail::k_default_limit);
+    INFO("bytes the follow collected besides the retained copy");
+    CHECK(c->largest_buffer() == 0);
+  };
+  run(body());
+}
