@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -530,7 +531,12 @@ awaitable<result<sandbox_client::attach_result>> sandbox_client::attach_impl(job
       keep(job, *o);
       if (first) res.offset = o->offset, res.skipped = o->skipped;
       first = false;
-      res.data += o->data;
+      // A follow lasts the job's whole life: its output is kept only in the
+      // bounded retained() head and tail, never accumulated here.
+      if (!follow) {
+        res.data += o->data;
+        largest_buffer_ = std::max(largest_buffer_, res.data.size());
+      }
       res.next_offset = o->offset + o->data.size();
       continue;
     }

@@ -109,7 +109,9 @@ class sandbox_client {
     std::uint64_t output_bytes = 0;
     std::optional<protocol::shell_completion> done;
   };
-  /// Output from `offset` and the status, without waiting for the job.
+  /// Output from `offset` and the status, without waiting for the job (at
+  /// most what the daemon retains). With `follow` (wait()), `data` stays empty:
+  /// the output is kept only in retained().
   awaitable<result<attach_result>> attach(job_id job, std::uint64_t offset);
 
   /// Streams the job's output (kept in retained()) until it completes.
@@ -136,6 +138,10 @@ class sandbox_client {
 
   void close();
 
+  /// The most output bytes one attach of this client collected at once
+  /// (beyond the bounded retained() copies): bounded however much a job prints.
+  std::size_t largest_buffer() const { return largest_buffer_; }
+
  private:
   struct seen {
     protocol::head_tail out;
@@ -151,6 +157,7 @@ class sandbox_client {
   std::shared_ptr<state> s_;
   wire::hello_rep hello_;
   std::map<std::string, seen> seen_;
+  std::size_t largest_buffer_ = 0;
 };
 
 }  // namespace tether::actors

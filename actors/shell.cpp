@@ -1,20 +1,20 @@
 #include "tether/actors/shell.hpp"
 
-#include "tether/protocol/report.hpp"
-
-#include <boost/asio/post.hpp>
-
-#include <cerrno>
 #include <fcntl.h>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <signal.h>
 #include <spawn.h>
-#include <sstream>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "tether/protocol/report.hpp"
 
 extern char** environ;
 
@@ -22,12 +22,29 @@ namespace tether::actors {
 
 namespace {
 constexpr const char* k_wrapper =
-    "echo $$ > \"$TETHER_SHELL_BASE.pid\"; "
+    "__s=$(</proc/$$/stat); __s=${__s##*) }; set -- $__s; "
+    "echo \"$$ ${20}\" > \"$TETHER_SHELL_BASE.pid\"; "
     "/bin/bash -c \"$TETHER_SHELL_CMD\" > \"$TETHER_SHELL_BASE.out\" 2>&1 < /dev/null; "
     "s=$?; echo $s > \"$TETHER_SHELL_BASE.status.tmp\" && "
     "mv \"$TETHER_SHELL_BASE.status.tmp\" \"$TETHER_SHELL_BASE.status\"";
 
-int pidfd_open(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+int pidfd_open(pid_t pid) {
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+}
+
+// /proc/<pid>/stat starttime (field 22), or 0 if the process is gone.
+unsigned long long start_time_of(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return 0;
+  auto close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream in(line.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && in >> field; ++i)
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  return 0;
+}
 
 std::string read_file(const std::string& p) {
   std::ifstream f(p, std::ios::binary);
@@ -125,12 +142,19 @@ void shell_runner::reattach(shell_info s) {
     boost::asio::post(ex_, post_exit);
     return;
   }
-  auto pid_text = read_file(path(s.id, ".pid"));
-  s.pid = pid_text.empty() ? -1 : std::atoi(pid_text.c_str());
-  if (s.pid > 0 && ::kill(s.pid, 0) == 0) {
+  // The pid file holds "PID STARTTIME": a pid alone may have been reused by
+  // an unrelated process since the host stopped, so only the same start time
+  // proves it is still our wrapper.
+  std::istringstream pid_text(read_file(path(s.id, ".pid")));
+  long pid = -1;
+  unsigned long long started = 0;
+  pid_text >> pid >> started;
+  if (pid > 0 && started != 0 && start_time_of(static_cast<pid_t>(pid)) == started) {
+    s.pid = static_cast<pid_t>(pid);
     watch(s);
     return;
   }
+  s.pid = -1;
   auto post_exit = [this, s] { finished(s); };
   boost::asio::post(ex_, post_exit);
 }
@@ -150,7 +174,7 @@ void shell_runner::watch(shell_info s) {
   }
   raw->async_wait(boost::asio::posix::stream_descriptor::wait_read,
                   [this, s](boost::system::error_code ec) {
-                    if (ec) return;  // stopped
+                    if (ec) return;                      // stopped
                     ::waitpid(s.pid, nullptr, WNOHANG);  // reap if it is our child
                     {
                       std::lock_guard lk(m_);

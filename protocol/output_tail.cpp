@@ -151,15 +151,21 @@ tail_excerpt make_tail(std::string_view last_bytes, std::uint64_t total_bytes,
   if (s.size() - start > max_bytes) start = s.size() - max_bytes;
   while (start < s.size() && is_continuation(s[start])) ++start;
 
-  std::string text = utf8_sanitize(s.substr(start));
-  // Replacement characters can make the text longer than the bytes it shows.
-  while (text.size() > max_bytes) {
-    std::size_t cut = text.size() - max_bytes;
-    while (cut < text.size() && is_continuation(text[cut])) ++cut;
-    text.erase(0, cut);
-    // Not exact in original-byte terms; count the cut bytes as omitted.
-    start += cut;
+  // Replacement characters (3 bytes each) can make the sanitised text longer
+  // than the bytes it shows: drop whole source sequences from the front until
+  // it fits, so `start` stays a position in the original bytes.
+  std::size_t shown = 0;
+  for (std::size_t i = start; i < s.size();) {
+    std::size_t n = utf8_seq(s, i);
+    shown += n == 0 ? 3 : n;
+    i += n == 0 ? 1 : n;
   }
+  while (shown > max_bytes && start < s.size()) {
+    std::size_t n = utf8_seq(s, start);
+    shown -= n == 0 ? 3 : n;
+    start += n == 0 ? 1 : n;
+  }
+  std::string text = utf8_sanitize(s.substr(start));
   tail_excerpt t;
   t.omitted_bytes = total_bytes - std::min<std::uint64_t>(total_bytes, s.size() - start);
   if (!text.empty()) {

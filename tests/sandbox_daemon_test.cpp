@@ -471,3 +471,22 @@ TEST_CASE("a second hello is refused: a read-only connection stays read-only",
              Catch::Contains("read-only"));
   CHECK_FALSE(std::filesystem::exists(d.dir().path() / "upgraded"));
 }
+
+TEST_CASE("following a job keeps only the bounded tail of its output, however much it prints",
+          "[sandbox]") {
+  sandbox_daemon d("sbx-follow-bounded");
+  auto cwd = d.dir().path().string();
+  auto body = [&]() -> awaitable<void> {
+    auto c = co_await connect(d.socket());
+    // 8 MiB of output, eight times what the client retains.
+    auto done = co_await run_to_end(*c, command("head -c 8388608 /dev/zero | tr '\\0' x", cwd));
+    CHECK(done.status.exit_code == 0);
+    CHECK(done.output_bytes == 8388608u);
+    auto* kept = c->retained(protocol::job_id(done.job));
+    REQUIRE(kept != nullptr);
+    CHECK(kept->head().size() + kept->tail().size() <= protocol::head_tail::k_default_limit);
+    INFO("bytes the follow collected besides the retained copy");
+    CHECK(c->largest_buffer() == 0);
+  };
+  run(body());
+}

@@ -241,6 +241,26 @@ TEST_CASE("the notice tail is the last lines, bounded in bytes, cut on a UTF-8 b
   CHECK(utf8_sanitize("ok\xff") == "ok\xEF\xBF\xBD");
 }
 
+TEST_CASE("a tail of invalid UTF-8 still counts the earlier bytes it left out", "[sandbox]") {
+  const std::string ff(100000, '\xFF');
+  auto t = make_tail(std::string_view(ff).substr(ff.size() - 4104), ff.size(), 40, 4096);
+  CHECK(t.text.size() <= 4096);
+  // Each 0xFF shows as one U+FFFD (3 bytes): 1365 of them fit, the rest was left out.
+  CHECK(t.text.size() == 1365 * 3);
+  CHECK(t.omitted_bytes == ff.size() - 1365);
+  shell_completion c;
+  c.job = "job_ff";
+  c.status = judge(exited(0, "pipestatus 0"), last_pipeline("head -c 100000 /dev/zero"));
+  c.tail = t.text;
+  c.tail_lines = t.lines;
+  c.tail_omitted_bytes = t.omitted_bytes;
+  c.output_bytes = ff.size();
+  auto n = render_notice(c);
+  INFO(n.substr(0, 400));
+  CHECK(n.find("[... " + std::to_string(ff.size() - 1365) + " earlier bytes left out ...]") !=
+        std::string::npos);
+}
+
 TEST_CASE("the notice carries id, preview, status line and a bounded tail", "[sandbox]") {
   shell_completion c;
   c.job = "job_9";

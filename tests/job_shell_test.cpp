@@ -1,0 +1,89 @@
+// Local background shells (actors/shell.hpp) found again after a restart.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <sstream>
+
+#include "sandbox_support.hpp"
+#include "support.hpp"
+#include "tether/actors/shell.hpp"
+
+using namespace tether;
+
+namespace {
+
+std::string own_start_time() {
+  std::ifstream f("/proc/self/stat");
+  std::string line;
+  std::getline(f, line);
+  std::istringstream in(line.substr(line.rfind(')') + 1));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) in >> field;
+  return field;
+}
+
+void write(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+}  // namespace
+
+TEST_CASE("a shell reattached after a restart is watched only if its pid has the same start time",
+          "[shell]") {
+  test::scratch_dir dir("shell_reattach");
+  boost::asio::io_context io;
+  std::vector<std::string> notices;
+  actors::shell_runner runner(
+      io.get_executor(), dir.path().string(),
+      [&](const actors::shell_info&, const std::string& n) { notices.push_back(n); });
+  // A living process (this test) under the recorded pid, but started at
+  // another time: the pid was reused, so the shell is gone and its status unknown.
+  write(dir.file("sh_reused.pid"), std::to_string(::getpid()) + " 1\n");
+  // A pid file of the old form, without a start time, proves nothing either.
+  write(dir.file("sh_bare.pid"), std::to_string(::getpid()) + "\n");
+  runner.reattach({"sh_reused", protocol::session_id("s1"), "sleep 1000", -1});
+  runner.reattach({"sh_bare", protocol::session_id("s1"), "sleep 1000", -1});
+  REQUIRE(runner.running() == 0);  // watching this test's own pid would never end
+  io.run();
+  REQUIRE(notices.size() == 2);
+  for (auto& n : notices) CHECK(n.find("exit=\"-1\"") != std::string::npos);
+
+  // The same pid with its true start time is still the shell: it is watched.
+  write(dir.file("sh_live.pid"), std::to_string(::getpid()) + " " + own_start_time() + "\n");
+  runner.reattach({"sh_live", protocol::session_id("s1"), "sleep 1000", -1});
+  CHECK(runner.running() == 1);
+  runner.stop();
+}
+
+TEST_CASE("a shell still running when the host restarted is watched again and reports its exit",
+          "[shell]") {
+  test::scratch_dir dir("shell_live");
+  auto started = dir.file("started"), go = dir.file("go");
+  REQUIRE(::mkfifo(started.c_str(), 0600) == 0);
+  REQUIRE(::mkfifo(go.c_str(), 0600) == 0);
+  boost::asio::io_context io;
+  std::vector<std::string> notices;
+  auto on_exit = [&](const actors::shell_info&, const std::string& n) { notices.push_back(n); };
+  actors::shell_info s{"sh_1", protocol::session_id("s1"),
+                       "echo up > " + started + "; cat " + go + "; exit 7", -1};
+  {
+    actors::shell_runner first(io.get_executor(), dir.path().string(), on_exit);
+    REQUIRE(first.start(s).has_value());
+    first.stop();  // the host stops; the shell runs on
+  }
+  // Opening the FIFO returns once the command runs, after the wrapper wrote its pid file.
+  int fd = ::open(started.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  actors::shell_runner second(io.get_executor(), dir.path().string(), on_exit);
+  second.reattach({"sh_1", protocol::session_id("s1"), s.command, -1});
+  CHECK(second.running() == 1);
+  test::release_fifo(go);
+  io.run();
+  REQUIRE(notices.size() == 1);
+  CHECK(notices[0].find("exit=\"7\"") != std::string::npos);
+}
