@@ -122,7 +122,9 @@ result<int> check_readable(const std::string& path) {
 
 reader_pool::lease::~lease() {
   if (!c_) return;
-  for (auto& [sql, st] : c_->cache) st->reset();
+  // tryReset: reset() rethrows the error of a step that failed, and a
+  // destructor must not throw (an I/O error on a read would terminate).
+  for (auto& [sql, st] : c_->cache) st->tryReset();
   std::lock_guard lk(p_->m_);
   p_->free_.push_back(std::move(c_));
 }
@@ -132,7 +134,7 @@ SQLite::Statement& reader_pool::lease::statement(const std::string& sql) {
   if (!slot) {
     slot = std::make_unique<SQLite::Statement>(*c_->db, sql);
   } else {
-    slot->reset();
+    slot->tryReset();  // an earlier failed step is not this read's error
     slot->clearBindings();
   }
   return *slot;
