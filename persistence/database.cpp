@@ -130,14 +130,15 @@ reader_pool::lease::~lease() {
 }
 
 SQLite::Statement& reader_pool::lease::statement(const std::string& sql) {
-  auto& slot = c_->cache[sql];
-  if (!slot) {
-    slot = std::make_unique<SQLite::Statement>(*c_->db, sql);
-  } else {
-    slot->tryReset();  // an earlier failed step is not this read's error
-    slot->clearBindings();
+  auto it = c_->cache.find(sql);
+  if (it == c_->cache.end()) {
+    // Prepared before it enters the cache: a prepare that throws leaves no empty slot.
+    auto fresh = std::make_unique<SQLite::Statement>(*c_->db, sql);
+    return *c_->cache.emplace(sql, std::move(fresh)).first->second;
   }
-  return *slot;
+  it->second->tryReset();  // an earlier failed step is not this read's error
+  it->second->clearBindings();
+  return *it->second;
 }
 
 reader_pool::lease reader_pool::acquire() {

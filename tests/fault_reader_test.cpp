@@ -41,3 +41,28 @@ TEST_CASE("a read that fails with an I/O error ends its lease cleanly instead of
   auto again = pool.acquire();
   CHECK(again.statement("SELECT count(*) FROM t").executeStep());
 }
+
+TEST_CASE("a statement whose prepare fails with an I/O error leaves no empty slot in the lease",
+          "[fault]") {
+  test::scratch_dir dir("fault-reader-prepare");
+  auto path = dir.file("r.db");
+  fault::install(fault::plan{});
+  {
+    SQLite::Database db(path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+    db.exec("CREATE TABLE t (k INTEGER PRIMARY KEY)");
+  }
+  persistence::reader_pool pool(path);
+  bool failed = false;
+  {
+    auto lease = pool.acquire();  // a fresh connection: the schema is not read yet
+    fault::install(*fault::parse_plan("read:1:ioerr:persistent"));
+    try {
+      lease.statement("SELECT count(*) FROM t");
+    } catch (const std::exception&) {
+      failed = true;
+    }
+  }  // the lease ends here: it must not touch a statement that was never prepared
+  fault::install(fault::plan{});
+  CHECK(failed);
+  CHECK(pool.acquire().statement("SELECT count(*) FROM t").executeStep());
+}
