@@ -10,7 +10,7 @@ BUILD ?= build
 CMAKE_FLAGS += -DCMAKE_BUILD_TYPE=RelWithDebInfo
 endif
 
-.PHONY: all deps configure build test demo bench install-test format clean
+.PHONY: all deps configure build test demo bench install-test format clean fuzz fuzz-build fuzz-check
 
 all: build
 
@@ -35,8 +35,33 @@ bench: configure
 	cmake --build $(BUILD) -j $(JOBS) --target benches tether_cli
 	@for b in $(BUILD)/bench/bench_*; do echo "# $$b" >&2; $$b || exit 1; done
 
+# libFuzzer harnesses (fuzz/): built with clang in their own tree; `make fuzz`
+# runs each for FUZZ_SECONDS from the committed corpus (fuzz/corpus/<harness>),
+# new inputs going to $(FUZZ_BUILD)/corpus; `make fuzz-check` (CI) runs each
+# for FUZZ_CHECK_SECONDS. A crash or a broken invariant fails either.
+FUZZ_SECONDS ?= 60
+FUZZ_CHECK_SECONDS ?= 5
+FUZZ_BUILD ?= build-fuzz
+FUZZ_HARNESSES := sandbox_wire payloads scenario scrub output_tail
+
+fuzz-build:
+	@./scripts/deps.sh fuzz
+	cmake -S fuzz -B $(FUZZ_BUILD) -G Ninja -DCMAKE_CXX_COMPILER=clang++
+	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+
+fuzz: fuzz-build
+	@for h in $(FUZZ_HARNESSES); do \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$h; \
+	  echo "# fuzz_$$h for $(FUZZ_SECONDS)s" >&2; \
+	  $(FUZZ_BUILD)/fuzz_$$h -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_BUILD)/corpus/$$h fuzz/corpus/$$h || exit 1; \
+	done
+
+fuzz-check:
+	$(MAKE) fuzz FUZZ_SECONDS=$(FUZZ_CHECK_SECONDS)
+
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.hpp')
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan $(FUZZ_BUILD)

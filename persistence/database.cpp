@@ -317,20 +317,23 @@ result<int> check_readable(const std::string& path) {
 
 reader_pool::lease::~lease() {
   if (!c_) return;
-  for (auto& [sql, st] : c_->cache) st->reset();
+  // tryReset: reset() rethrows the error of a step that failed, and a
+  // destructor must not throw (an I/O error on a read would terminate).
+  for (auto& [sql, st] : c_->cache) st->tryReset();
   std::lock_guard lk(p_->m_);
   p_->free_.push_back(std::move(c_));
 }
 
 SQLite::Statement& reader_pool::lease::statement(const std::string& sql) {
-  auto& slot = c_->cache[sql];
-  if (!slot) {
-    slot = std::make_unique<SQLite::Statement>(*c_->db, sql);
-  } else {
-    slot->reset();
-    slot->clearBindings();
+  auto it = c_->cache.find(sql);
+  if (it == c_->cache.end()) {
+    // Prepared before it enters the cache: a prepare that throws leaves no empty slot.
+    auto fresh = std::make_unique<SQLite::Statement>(*c_->db, sql);
+    return *c_->cache.emplace(sql, std::move(fresh)).first->second;
   }
-  return *slot;
+  it->second->tryReset();  // an earlier failed step is not this read's error
+  it->second->clearBindings();
+  return *it->second;
 }
 
 reader_pool::lease reader_pool::acquire() {

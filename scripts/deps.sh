@@ -2,9 +2,11 @@
 # Makes sure the Debian bookworm packages tether builds with are installed.
 # As root: installs what is missing (apt-get update once, then install).
 # Otherwise: names what is missing and exits non-zero.
+# `deps.sh fuzz` also wants clang and libFuzzer (the fuzz harnesses only).
 set -euo pipefail
 pkgs=(g++ cmake ninja-build libboost1.81-dev libboost-json1.81-dev libsqlitecpp-dev
       libsqlite3-dev catch2 bubblewrap)
+[ "${1:-}" = fuzz ] && pkgs+=(clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
