@@ -1,20 +1,19 @@
 #include "tether/persistence/database.hpp"
 
-#include "tether/persistence/schema.hpp"
-#include "tether/protocol/ids.hpp"
-
 #include <SQLiteCpp/Exception.h>
 #include <SQLiteCpp/Statement.h>
 #include <SQLiteCpp/Transaction.h>
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
+#include "tether/persistence/schema.hpp"
+#include "tether/protocol/ids.hpp"
 
 namespace tether::persistence {
 
@@ -28,7 +27,8 @@ const int k_sqlite_config = [] { return sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 
 
 std::string sqlite_message(const std::exception& e) {
   if (auto* s = dynamic_cast<const SQLite::Exception*>(&e))
-    return std::string(s->what()) + " (sqlite code " + std::to_string(s->getExtendedErrorCode()) + ")";
+    return std::string(s->what()) + " (sqlite code " + std::to_string(s->getExtendedErrorCode()) +
+           ")";
   return e.what();
 }
 
@@ -144,7 +144,9 @@ result<void> validate_rows(SQLite::Database& db) {
   return {};
 }
 
-int latest_schema_version() { return static_cast<int>(migrations().size()); }
+int latest_schema_version() {
+  return static_cast<int>(migrations().size());
+}
 
 namespace {
 
@@ -157,8 +159,8 @@ result<void> check_identity(SQLite::Database& db, const std::string& path) {
     char buf[16];
     std::snprintf(buf, sizeof buf, "0x%08x", static_cast<unsigned>(app));
     return error{errc::refused, "refusing to open '" + path +
-                                    "': it is not a tether database (application_id " + buf +
-                                    ", " + std::to_string(objects) +
+                                    "': it is not a tether database (application_id " + buf + ", " +
+                                    std::to_string(objects) +
                                     " schema objects); the file was left untouched"};
   }
   if (ver > latest_schema_version())
@@ -206,34 +208,54 @@ namespace {
 // Creates a missing database file 0600 whatever the umask (SQLite gives its
 // -wal, -shm and -journal files the database file's mode), and refuses an
 // existing empty one unless the caller is creating a database.
-result<void> prepare_file(const db_options& opts) {
+// Returns true if it created the file.
+result<bool> prepare_file(const db_options& opts) {
   const auto& path = opts.path;
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd >= 0) {
     ::fchmod(fd, 0600);
     ::close(fd);
-    return {};
+    return true;
   }
   if (errno != EEXIST)
     return error{errc::io, "cannot create database '" + path + "': " + std::strerror(errno) +
                                "; nothing was created"};
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != 0) return {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != 0) return false;
   struct stat wal {};
-  if (::stat((path + "-wal").c_str(), &wal) == 0 && wal.st_size > 0) return {};  // lives in its WAL
+  if (::stat((path + "-wal").c_str(), &wal) == 0 && wal.st_size > 0) return false;  // in its WAL
   if (!opts.create)
     return error{errc::refused, "refusing to open '" + path +
                                     "': the file is empty (0 bytes), so whatever it held is gone; "
                                     "it is not adopted as a new database unless the caller asks "
                                     "to create one; the file was left untouched"};
   ::chmod(path.c_str(), 0600);
-  return {};
+  return false;
 }
+
+// A database this open created and could not finish creating (a full disk, an
+// I/O error) is removed with its side files: nothing was acknowledged in it,
+// and an empty file left behind would be refused by every later open.
+void remove_unfinished(const std::string& path) {
+  for (const char* side : {"-wal", "-shm", "-journal"}) ::unlink((path + side).c_str());
+  ::unlink(path.c_str());
+}
+
+result<std::unique_ptr<SQLite::Database>> open_new_or_existing(const db_options& opts);
 
 }  // namespace
 
 result<std::unique_ptr<SQLite::Database>> open_for_write(const db_options& opts) {
-  if (auto r = prepare_file(opts); !r) return r.error();
+  auto created = prepare_file(opts);
+  if (!created) return created.error();
+  auto db = open_new_or_existing(opts);
+  if (!db && *created) remove_unfinished(opts.path);
+  return db;
+}
+
+namespace {
+
+result<std::unique_ptr<SQLite::Database>> open_new_or_existing(const db_options& opts) {
   try {
     auto db = std::make_unique<SQLite::Database>(
         opts.path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE | SQLite::OPEN_NOMUTEX);
@@ -252,6 +274,8 @@ result<std::unique_ptr<SQLite::Database>> open_for_write(const db_options& opts)
   }
 }
 
+}  // namespace
+
 namespace {
 
 // The header's read and write versions are 2 in WAL mode.
@@ -269,10 +293,10 @@ bool is_wal(const std::string& path) {
 result<int> check_readable(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
-    return error{errc::not_found, "cannot read '" + path + "': " +
-                                      (std::filesystem::exists(path, ec) ? "not a regular file"
-                                                                         : "no such file") +
-                                      "; nothing was created"};
+    return error{errc::not_found,
+                 "cannot read '" + path + "': " +
+                     (std::filesystem::exists(path, ec) ? "not a regular file" : "no such file") +
+                     "; nothing was created"};
   try {
     SQLite::Database db(path, SQLite::OPEN_READONLY);
     db.setBusyTimeout(5000);

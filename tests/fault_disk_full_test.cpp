@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 TEST_CASE(
     "a host on a full disk refuses the prompt that does not fit with a clear error, keeps every "
     "acknowledged one, and goes on once space is freed",
-    "[fault][disk]") {
+    "[.][fault][disk]") {
   if (::geteuid() != 0) {
     WARN("skipped: mounting a size-limited tmpfs needs root");
     return;

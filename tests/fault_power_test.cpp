@@ -51,7 +51,9 @@ TEST_CASE(
       INFO("power cut before log entry " << cut << ", variant " << variant << ", seed " << seed);
       auto db = (dir / "tether.db").string();
       ++replayed;
-      if (!fs::exists(db)) {
+      // A cut before the first sync leaves no file or an empty one (which a
+      // restart refuses to adopt): either way nothing was acknowledged.
+      if (!fs::exists(db) || fs::file_size(db) == 0) {
         CHECK(acks["report.admit.after_commit"] == 0);
         continue;
       }
@@ -62,6 +64,13 @@ TEST_CASE(
           test::run_on_fault_vfs(dir / "resume", "none", {"demo", "--resume", dir.string()});
       INFO("the restart said: " << again.output);
       REQUIRE(again.exited());
+      if (WEXITSTATUS(again.status) != 0 &&
+          again.output.find("the file is empty (0 bytes)") != std::string::npos) {
+        // The cut left a database file with no page: refused, never adopted
+        // as new, and nothing had been acknowledged in it.
+        CHECK(acks["report.admit.after_commit"] == 0);
+        continue;
+      }
       CHECK(WEXITSTATUS(again.status) == 0);
       if (!test::check_delivered_once(test::read_report_outcome(db))) ++lost;
     }

@@ -109,7 +109,9 @@ struct report_outcome {
 
 inline report_outcome read_report_outcome(const std::string& db) {
   report_outcome o;
-  if (!std::filesystem::exists(db)) return o;
+  // A fault at the very first write leaves an empty file: nothing was
+  // acknowledged, and an empty file is (rightly) refused as a database.
+  if (!std::filesystem::exists(db) || std::filesystem::file_size(db) == 0) return o;
   auto w = persistence::writer::open(persistence::db_options{db});
   REQUIRE(w);
   persistence::report_store store(**w, db);
