@@ -2,16 +2,15 @@
 // Where the host's agent logic plugs in: a coroutine called once per drain
 // with the inputs that arrived since the last drain, and a context through
 // which it answers, starts jobs and subagents, and reads state.
-#include "tether/actors/job_queue.hpp"
-#include "tether/persistence/report_store.hpp"
-#include "tether/protocol/ids.hpp"
-
 #include <boost/asio/awaitable.hpp>
-
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "tether/actors/job_queue.hpp"
+#include "tether/persistence/report_store.hpp"
+#include "tether/protocol/ids.hpp"
 
 namespace tether::actors {
 
@@ -35,9 +34,9 @@ struct spawn_request {
   std::string description;
   std::string prompt;
   std::string agent = "general";
-  std::optional<bool> notify;            // nullopt: new child on, follow-up keeps its setting
-  std::optional<session_id> child;       // a follow-up to this child, or the id for a new one
-  bool fork = false;                     // a fork has no parent: notify is irrelevant
+  std::optional<bool> notify;       // nullopt: new child on, follow-up keeps its setting
+  std::optional<session_id> child;  // a follow-up to this child, or the id for a new one
+  bool fork = false;                // a fork has no parent: notify is irrelevant
 };
 
 class agent_context {
@@ -99,9 +98,11 @@ class run_observer {
   /// refused) and is about to commit. Awaited.
   virtual awaitable<void> settling(const session_id& /*s*/) { co_return; }
   /// The settle committed; `report` names the report it owes, if any.
-  virtual void settled(const session_id& /*s*/, std::optional<protocol::notification_id> /*report*/) {}
+  virtual void settled(const session_id& /*s*/,
+                       std::optional<protocol::notification_id> /*report*/) {}
   /// A report was admitted into `parent`'s inbox (repeats excluded).
-  virtual void admitted(const session_id& /*parent*/, const protocol::notification_id& /*report*/) {}
+  virtual void admitted(const session_id& /*parent*/, const protocol::notification_id& /*report*/) {
+  }
 };
 
 class agent_factory {

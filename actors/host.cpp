@@ -1,13 +1,12 @@
 #include "tether/actors/host.hpp"
 
-#include "tether/runtime/crash_point.hpp"
-
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/use_awaitable.hpp>
-
 #include <cstdio>
 #include <set>
+
+#include "tether/runtime/crash_point.hpp"
 
 namespace tether::actors {
 
@@ -32,7 +31,9 @@ result<std::unique_ptr<host>> host::open(host_options opts) {
   h->jobs_ = std::make_unique<job_queue>(h->pool_->at(0), *h, *h->receipts_, opts.jobs);
   h->shells_ = std::make_unique<shell_runner>(
       h->pool_->at(0), opts.shell_dir,
-      [hp = h.get()](const shell_info& s, const std::string& notice) { hp->shell_exited(s, notice); });
+      [hp = h.get()](const shell_info& s, const std::string& notice) {
+        hp->shell_exited(s, notice);
+      });
   return h;
 }
 
@@ -56,7 +57,9 @@ void host::warn(const std::string& w) {
     std::fprintf(stderr, "tether: %s\n", w.c_str());
 }
 
-std::int64_t host::next_generation() { return ++generation_; }
+std::int64_t host::next_generation() {
+  return ++generation_;
+}
 
 void host::activity(int delta, bool shell) {
   std::vector<std::shared_ptr<runtime::one_shot<int>>> ready;
@@ -130,7 +133,8 @@ result<owner_scope> host::scope_of(const session_id& s) {
   if (!row) return row.error();
   if (!*row) return error{errc::not_found, "session '" + s.str() + "' does not exist"};
   if (!(*row)->turn)
-    return error{errc::refused, "session '" + s.str() + "' has had no turn yet; a job needs a turn to own it"};
+    return error{errc::refused,
+                 "session '" + s.str() + "' has had no turn yet; a job needs a turn to own it"};
   owner_scope o;
   o.tenant = (*row)->tenant;
   o.thread = s;
@@ -175,9 +179,10 @@ std::vector<protocol::running_item> host::outstanding(const session_id& s) {
     for (auto& c : it->second.children) {
       auto ci = directory_.find(c);
       // Settling, cancelled or foreground-blocking descendants are not listed.
-      if (ci != directory_.end() && ci->second.busy && !ci->second.settling && !ci->second.foreground)
-        subagents.push_back({"subagent", ci->second.agent + ", sessionID: " + c.str(),
-                             ci->second.description});
+      if (ci != directory_.end() && ci->second.busy && !ci->second.settling &&
+          !ci->second.foreground)
+        subagents.push_back(
+            {"subagent", ci->second.agent + ", sessionID: " + c.str(), ci->second.description});
       stack.push_back(c);
     }
   }
@@ -331,7 +336,8 @@ awaitable<void> host::finish_shell(shell_info s, std::string notice) {
 }
 
 awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
-                                   std::shared_ptr<boot_report> rep, std::shared_ptr<std::mutex> m) {
+                                   std::shared_ptr<boot_report> rep,
+                                   std::shared_ptr<std::mutex> m) {
   // Chunks go out together, spawned in order on this executor: each sends its
   // admit before the next starts, and the parent's mailbox and the writer's
   // queue keep that order, so the inbox order is the outbox order.
@@ -347,8 +353,7 @@ awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
       items.push_back({rows[i].nid, rows[i].child, rows[i].body.value_or("")});
     auto n = static_cast<int>(items.size());
     auto task = deliver(parent, std::move(items));
-    auto on_done = [this, parent, n, rep, m, left, all_done](std::exception_ptr e,
-                                                             result<void> r) {
+    auto on_done = [this, parent, n, rep, m, left, all_done](std::exception_ptr e, result<void> r) {
       if (e) r = error{errc::failed, runtime::detail::describe(e)};
       {
         std::lock_guard lk(*m);
@@ -462,10 +467,10 @@ awaitable<result<boot_report>> host::boot() {
       // The count stays: a crash before the child's other rows settle must
       // not give them a fresh budget.
       req.keep_resume_attempts = true;
-      req.body = protocol::render_report(
-          *row.child, protocol::report_state::error, row.description,
-          "Subagent failed: resume budget of " + std::to_string(opts_.resume_budget) +
-              " exhausted after a restart");
+      req.body = protocol::render_report(*row.child, protocol::report_state::error, row.description,
+                                         "Subagent failed: resume budget of " +
+                                             std::to_string(opts_.resume_budget) +
+                                             " exhausted after a restart");
       auto body = req.body;
       auto settled = co_await store_->settle(std::move(req));
       ++rep.exhausted;
@@ -501,10 +506,12 @@ awaitable<result<boot_report>> host::boot() {
   // Phases 2 and 3: resume suspended sessions, top-level first. A session
   // with reports waiting in its inbox is woken too.
   auto refreshed = store_->sessions();
-  if (!refreshed) co_return error{refreshed.error().code, "refusing to boot: " + refreshed.error().message};
+  if (!refreshed)
+    co_return error{refreshed.error().code, "refusing to boot: " + refreshed.error().message};
   auto pending_inbox = store_->sessions_with_pending_inbox();
   if (!pending_inbox)
-    co_return error{pending_inbox.error().code, "refusing to boot: " + pending_inbox.error().message};
+    co_return error{pending_inbox.error().code,
+                    "refusing to boot: " + pending_inbox.error().message};
   std::set<session_id> with_pending(pending_inbox->begin(), pending_inbox->end());
   for (int phase = 2; phase <= 3; ++phase) {
     for (auto& s : *refreshed) {

@@ -9,6 +9,14 @@
 //   [report.wake.after_tell] the parent's drain moves it into the transcript
 //   and acknowledges it in one transaction [report.drain.after_ack].
 // A crash anywhere is repaired at boot from what is on disk.
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
 #include "tether/actors/agent.hpp"
 #include "tether/actors/job_queue.hpp"
 #include "tether/actors/session.hpp"
@@ -17,14 +25,6 @@
 #include "tether/persistence/writer.hpp"
 #include "tether/runtime/executor_pool.hpp"
 #include "tether/runtime/sync_wait.hpp"
-
-#include <functional>
-#include <map>
-#include <set>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <vector>
 
 namespace tether::actors {
 
@@ -35,8 +35,8 @@ struct host_options {
   /// only then does an existing empty file become a new database.
   bool create_db = false;
   std::size_t max_batch = 1024;  // writer requests per transaction (1 = no group commit)
-  std::size_t threads = 0;  // 0 = one per core
-  int resume_budget = 3;    // resumes of a child before its job reports an error
+  std::size_t threads = 0;       // 0 = one per core
+  int resume_budget = 3;         // resumes of a child before its job reports an error
   std::shared_ptr<agent_factory> agents;
   std::shared_ptr<run_observer> observer;  // optional
   std::string shell_dir;  // shell output and status files; default <db_path>.shells
@@ -47,11 +47,11 @@ struct host_options {
 };
 
 struct boot_report {
-  int delivered = 0;       // terminal rows delivered in phase 1 (repeats dropped included)
-  int cleared = 0;         // rows cleared: deleted parent or silent child
-  int kept = 0;            // rows kept after a conflict
-  int exhausted = 0;       // running rows whose child ran out of resumes
-  int resumed_top = 0;     // phase 2
+  int delivered = 0;         // terminal rows delivered in phase 1 (repeats dropped included)
+  int cleared = 0;           // rows cleared: deleted parent or silent child
+  int kept = 0;              // rows kept after a conflict
+  int exhausted = 0;         // running rows whose child ran out of resumes
+  int resumed_top = 0;       // phase 2
   int resumed_children = 0;  // phase 3
   int shells_reattached = 0;
   int shells_finished = 0;

@@ -3,8 +3,6 @@
 // maps the ordinal of a user input (1 = its first prompt, report or notice)
 // to the actions of the turn that reacts to it. Because the ordinal is read
 // from the durable transcript, a turn replayed after a crash is the same turn.
-#include "tether/actors/agent.hpp"
-
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -13,18 +11,20 @@
 #include <string>
 #include <vector>
 
+#include "tether/actors/agent.hpp"
+
 namespace tether::actors {
 
 struct script_action {
   enum class kind {
-    say,         // text: a completed answer
-    fail,        // text: an error answer (busy period ends "error")
-    raise,       // text: the drain throws
-    shell,       // text: the command of a background shell
-    spawn,       // child, description, text (prompt), notify, background
-    wake_self,   // count: this many self-wakes in a row
-    wait_cancel, // blocks until the drain is cancelled (an interrupt)
-    interrupt,   // child: cancels that child (agent_context::cancel_child)
+    say,          // text: a completed answer
+    fail,         // text: an error answer (busy period ends "error")
+    raise,        // text: the drain throws
+    shell,        // text: the command of a background shell
+    spawn,        // child, description, text (prompt), notify, background
+    wake_self,    // count: this many self-wakes in a row
+    wait_cancel,  // blocks until the drain is cancelled (an interrupt)
+    interrupt,    // child: cancels that child (agent_context::cancel_child)
   };
   kind what = kind::say;
   std::string text;

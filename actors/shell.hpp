@@ -7,17 +7,17 @@
 // pid to <dir>/<id>.pid, so a restarted host can find a shell again: a status
 // file means it finished; a live pid means it still runs; neither means the
 // status is unknown (-1), never 0.
-#include "tether/protocol/ids.hpp"
-#include "tether/runtime/actor.hpp"
+#include <sys/types.h>
 
 #include <boost/asio/posix/stream_descriptor.hpp>
-
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <sys/types.h>
+
+#include "tether/protocol/ids.hpp"
+#include "tether/runtime/actor.hpp"
 
 namespace tether::actors {
 
@@ -44,7 +44,8 @@ class shell_runner {
   std::size_t running() const;
 
   /// The notice a finished shell sends its owner.
-  static std::string render_notice(const shell_info& s, int exit_code, const std::string& output_tail);
+  static std::string render_notice(const shell_info& s, int exit_code,
+                                   const std::string& output_tail);
 
  private:
   void watch(shell_info s);

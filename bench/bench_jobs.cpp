@@ -166,7 +166,8 @@ int main(int argc, char** argv) {
   bench::emit(k_bench, "daemon_jobs_per_s", jobs / s.daemon_total, "jobs/s");
   bench::emit(k_bench, "daemon_launch_to_notice_p50", dp50, "ms");
   bench::emit(k_bench, "daemon_launch_to_notice_p99", dp99, "ms");
-  bench::emit(k_bench, "daemon_launch_to_notice_max", bench::percentile(s.daemon_s, 100) * 1e3, "ms");
+  bench::emit(k_bench, "daemon_launch_to_notice_max", bench::percentile(s.daemon_s, 100) * 1e3,
+              "ms");
   bench::emit(k_bench, "raw_spawn_jobs_per_s", jobs / s.raw_total, "jobs/s");
   bench::emit(k_bench, "raw_spawn_waitpid_p50", rp50, "ms");
   bench::emit(k_bench, "raw_spawn_waitpid_p99", rp99, "ms");

@@ -1,8 +1,6 @@
 #pragma once
 // Opening a tether database: identity (application_id), schema version
 // (user_version) and migrations, pragmas, and the read connections.
-#include "tether/runtime/error.hpp"
-
 #include <SQLiteCpp/Database.h>
 #include <SQLiteCpp/Statement.h>
 
@@ -14,6 +12,8 @@
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include "tether/runtime/error.hpp"
 
 namespace tether::persistence {
 
@@ -28,8 +28,8 @@ enum class sync_mode {
 struct db_options {
   std::string path;
   sync_mode sync = sync_mode::full;
-  std::size_t max_batch = 1024;               // requests per transaction
-  std::size_t max_batch_bytes = 8u << 20;     // payload bytes per transaction
+  std::size_t max_batch = 1024;            // requests per transaction
+  std::size_t max_batch_bytes = 8u << 20;  // payload bytes per transaction
   /// The caller is creating a database: an existing empty (zero-length) file
   /// becomes a new one. Without it an empty file is refused (a truncated
   /// database is not adopted as a new one); a missing file is created either

@@ -136,7 +136,7 @@ result<receipt> decode_receipt(SQLite::Statement& q) {
     return corrupt_row("receipts", key, "transition: unknown value '" + t + "'");
   if (r.id != protocol::make_event_id(r.job, r.transition))
     return corrupt_row("receipts", key,
-                   "id: does not match job '" + r.job.str() + "' and transition '" + t + "'");
+                       "id: does not match job '" + r.job.str() + "' and transition '" + t + "'");
   auto scope = protocol::decode_text<owner_scope>(
       q.getColumn(3).getString(),
       [](const json::value& v) { return protocol::scope_from_json(v); });
@@ -179,7 +179,8 @@ result<std::optional<T>> first_of(result<std::vector<T>> all) {
 
 // Returns the receipt's created_at.
 std::int64_t insert_receipt(SQLite::Database& db, const job_id& job, transition t,
-                            const std::string& scope, const std::string& body, receipt_state state) {
+                            const std::string& scope, const std::string& body,
+                            receipt_state state) {
   auto& st = cached_statement(db,
                               "INSERT INTO receipts (id, job_id, transition, scope, body, state, "
                               "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");

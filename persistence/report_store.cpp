@@ -1,11 +1,11 @@
 #include "tether/persistence/report_store.hpp"
 
+#include <SQLiteCpp/Statement.h>
+
 #include "tether/protocol/json.hpp"
 #include "tether/protocol/payloads.hpp"
 #include "tether/protocol/scope.hpp"
 #include "tether/runtime/clock.hpp"
-
-#include <SQLiteCpp/Statement.h>
 
 namespace tether::persistence {
 
@@ -14,10 +14,14 @@ using runtime::now_ms;
 
 std::string_view to_string(job_status s) {
   switch (s) {
-    case job_status::running: return "running";
-    case job_status::completed: return "completed";
-    case job_status::error: return "error";
-    case job_status::cancelled: return "cancelled";
+    case job_status::running:
+      return "running";
+    case job_status::completed:
+      return "completed";
+    case job_status::error:
+      return "error";
+    case job_status::cancelled:
+      return "cancelled";
   }
   return "unknown";
 }
@@ -50,8 +54,10 @@ std::int64_t append_in_tx(SQLite::Database& db, const std::string& s, const std:
     throw std::runtime_error("session '" + s + "' does not exist; no message appended");
   std::int64_t seq = up.getColumn(0).getInt64();
   up.reset();
-  auto& ins = cached_statement(db, "INSERT INTO messages (session_id, seq, role, kind, status, payload) "
-                        "VALUES (?, ?, ?, ?, ?, ?)");
+  auto& ins =
+      cached_statement(db,
+                       "INSERT INTO messages (session_id, seq, role, kind, status, payload) "
+                       "VALUES (?, ?, ?, ?, ?, ?)");
   ins.bind(1, s);
   ins.bind(2, seq);
   ins.bind(3, role);
@@ -65,7 +71,9 @@ std::int64_t append_in_tx(SQLite::Database& db, const std::string& s, const std:
 void insert_subagent_started(SQLite::Database& db, const job_row& r);
 
 void insert_job(SQLite::Database& db, const job_row& r) {
-  auto& st = cached_statement(db, "INSERT INTO jobs (id, notification_id, kind, mode, parent_id, child_id, "
+  auto& st =
+      cached_statement(db,
+                       "INSERT INTO jobs (id, notification_id, kind, mode, parent_id, child_id, "
                        "generation, status, body, payload, created_at, updated_at) "
                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
   auto now = now_ms();
@@ -84,7 +92,8 @@ void insert_job(SQLite::Database& db, const job_row& r) {
   st.bind(10, job_payload_text(r));
   st.bind(11, now);
   st.bind(12, now);
-  st.exec();  insert_subagent_started(db, r);
+  st.exec();
+  insert_subagent_started(db, r);
 }
 
 // A background subagent job's receipts: `started` when its running row is
@@ -103,10 +112,11 @@ void insert_subagent_started(SQLite::Database& db, const job_row& r) {
   scope.thread = *r.parent;
   scope.turn = protocol::turn_id(q.getColumn(1).getString());
   q.reset();
-  auto& st = cached_statement(db,
-                              "INSERT OR IGNORE INTO receipts (id, job_id, transition, scope, body, "
-                              "state, created_at, updated_at) VALUES (?, ?, 'started', ?, 'started', "
-                              "'acked', ?, ?)");
+  auto& st =
+      cached_statement(db,
+                       "INSERT OR IGNORE INTO receipts (id, job_id, transition, scope, body, "
+                       "state, created_at, updated_at) VALUES (?, ?, 'started', ?, 'started', "
+                       "'acked', ?, ?)");
   auto now = now_ms();
   st.bind(1, protocol::make_event_id(r.id, protocol::transition::started).str());
   st.bind(2, r.id.str());
@@ -118,10 +128,11 @@ void insert_subagent_started(SQLite::Database& db, const job_row& r) {
 
 void insert_subagent_terminal(SQLite::Database& db, const job_id& job, protocol::transition t,
                               const std::string& body, std::string_view state) {
-  auto& st = cached_statement(db,
-                              "INSERT OR IGNORE INTO receipts (id, job_id, transition, scope, body, "
-                              "state, created_at, updated_at) SELECT ?, job_id, ?, scope, ?, ?, ?, ? "
-                              "FROM receipts WHERE id = ?");
+  auto& st =
+      cached_statement(db,
+                       "INSERT OR IGNORE INTO receipts (id, job_id, transition, scope, body, "
+                       "state, created_at, updated_at) SELECT ?, job_id, ?, scope, ?, ?, ?, ? "
+                       "FROM receipts WHERE id = ?");
   auto now = now_ms();
   st.bind(1, protocol::make_event_id(job, t).str());
   st.bind(2, std::string(protocol::to_string(t)));
@@ -206,7 +217,7 @@ result<message_row> decode_message(const std::string& session, SQLite::Statement
   if (m.status != "completed" && m.status != "error")
     return corrupt_row("messages", key, "status: unknown value '" + m.status + "'");
   auto p = protocol::decode_text<protocol::message_payload>(
-      q.getColumn(4).getString(), 
+      q.getColumn(4).getString(),
       [](const json::value& v) { return protocol::message_payload_from_json(v); });
   if (!p) return corrupt_row("messages", key, p.error().describe());
   m.text = std::move(p->text);
@@ -265,8 +276,8 @@ result<job_row> decode_job(SQLite::Statement& q) {
   if (r.mode != "background" && r.mode != "none")
     return corrupt_row("jobs", key, "mode: unknown value '" + r.mode + "'");
   bool known = false;
-  for (auto s : {job_status::running, job_status::completed, job_status::error,
-                 job_status::cancelled})
+  for (auto s :
+       {job_status::running, job_status::completed, job_status::error, job_status::cancelled})
     if (status == to_string(s)) {
       r.status = s;
       known = true;
@@ -275,7 +286,7 @@ result<job_row> decode_job(SQLite::Statement& q) {
   if (r.status != job_status::running && !r.body)
     return corrupt_row("jobs", key, "body: missing on a terminal row");
   auto p = protocol::decode_text<protocol::job_payload>(
-      q.getColumn(9).getString(), 
+      q.getColumn(9).getString(),
       [](const json::value& v) { return protocol::job_payload_from_json(v); });
   if (!p) return corrupt_row("jobs", key, p.error().describe());
   r.description = std::move(p->description);
@@ -294,9 +305,7 @@ awaitable<result<void>> report_store::validate() {
 
 awaitable<result<void>> report_store::create_session(session_row row) {
   auto name = "create session " + row.id.str();
-  auto fn = [row = std::move(row)](SQLite::Database& db) {
-    insert_session(db, row);
-  };
+  auto fn = [row = std::move(row)](SQLite::Database& db) { insert_session(db, row); };
   co_return co_await w_.write(std::move(name), 128, std::move(fn));
 }
 
@@ -306,10 +315,9 @@ awaitable<result<std::int64_t>> report_store::append(session_id s, std::string r
   auto name = "append " + kind + " to " + s.str();
   std::size_t bytes = text.size() + 64;
   auto fn = [s = std::move(s), role = std::move(role), kind = std::move(kind),
-                               status = std::move(status),
-                               text = std::move(text)](SQLite::Database& db) {
-                                return append_in_tx(db, s.str(), role, kind, status, text);
-                              };
+             status = std::move(status), text = std::move(text)](SQLite::Database& db) {
+    return append_in_tx(db, s.str(), role, kind, status, text);
+  };
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
@@ -341,29 +349,29 @@ awaitable<result<std::int64_t>> report_store::spawn(std::optional<session_row> c
   auto name = "spawn " + child.str();
   std::size_t bytes = prompt.size() + 256;
   auto fn = [create = std::move(create), child = std::move(child), prompt = std::move(prompt),
-       job = std::move(job), notify_update](SQLite::Database& db) {
-        if (create) insert_session(db, *create);
-        if (notify_update) {
-          auto& st = cached_statement(db, "UPDATE sessions SET parent_notify = ? WHERE id = ?");
-          st.bind(1, *notify_update ? 1 : 0);
-          st.bind(2, child.str());
-          st.exec();
-        }
-        auto seq = append_in_tx(db, child.str(), "user", "prompt", "completed", prompt);
-        if (job) {
-          if (job->status == job_status::running) {
-            auto& fresh = cached_statement(
-                db,
-                "UPDATE sessions SET resume_attempts = 0 WHERE id = ? AND NOT EXISTS "
-                "(SELECT 1 FROM jobs WHERE child_id = ? AND status = 'running')");
-            fresh.bind(1, child.str());
-            fresh.bind(2, child.str());
-            fresh.exec();
-          }
-          insert_job(db, *job);
-        }
-        return seq;
-      };
+             job = std::move(job), notify_update](SQLite::Database& db) {
+    if (create) insert_session(db, *create);
+    if (notify_update) {
+      auto& st = cached_statement(db, "UPDATE sessions SET parent_notify = ? WHERE id = ?");
+      st.bind(1, *notify_update ? 1 : 0);
+      st.bind(2, child.str());
+      st.exec();
+    }
+    auto seq = append_in_tx(db, child.str(), "user", "prompt", "completed", prompt);
+    if (job) {
+      if (job->status == job_status::running) {
+        auto& fresh =
+            cached_statement(db,
+                             "UPDATE sessions SET resume_attempts = 0 WHERE id = ? AND NOT EXISTS "
+                             "(SELECT 1 FROM jobs WHERE child_id = ? AND status = 'running')");
+        fresh.bind(1, child.str());
+        fresh.bind(2, child.str());
+        fresh.exec();
+      }
+      insert_job(db, *job);
+    }
+    return seq;
+  };
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
@@ -397,19 +405,22 @@ awaitable<result<settle_result>> report_store::settle(settle_request req) {
         del.bind(1, req.background_job->str());
         // A silenced link owes no report: its terminal receipt is not delivered.
         if (del.exec() == 1)
-          insert_subagent_terminal(db, *req.background_job, receipt_transition, req.body, "dropped");
+          insert_subagent_terminal(db, *req.background_job, receipt_transition, req.body,
+                                   "dropped");
       } else {
         // Only a running row becomes terminal: a settle after delivery finds
         // no row and cannot write it back.
-        auto& up = cached_statement(db, "UPDATE jobs SET status = ?, body = ?, updated_at = ? "
-                             "WHERE id = ? AND status = 'running'");
+        auto& up = cached_statement(db,
+                                    "UPDATE jobs SET status = ?, body = ?, updated_at = ? "
+                                    "WHERE id = ? AND status = 'running'");
         up.bind(1, std::string(to_string(terminal)));
         up.bind(2, req.body);
         up.bind(3, now);
         up.bind(4, req.background_job->str());
         out.row_written = up.exec() == 1;
         if (out.row_written)
-          insert_subagent_terminal(db, *req.background_job, receipt_transition, req.body, "pending");
+          insert_subagent_terminal(db, *req.background_job, receipt_transition, req.body,
+                                   "pending");
       }
     } else if (req.mint_none) {
       job_row r;
@@ -434,8 +445,8 @@ std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> report_store::admi
   auto name = "admit " + std::to_string(items.size()) + " report(s) to " + to.str();
   std::size_t bytes = 64;
   for (auto& i : items) bytes += i.body.size() + 96;
-  auto fn = [to = std::move(to), items = std::move(items)](
-                SQLite::Database& db) -> result<std::vector<bool>> {
+  auto fn = [to = std::move(to),
+             items = std::move(items)](SQLite::Database& db) -> result<std::vector<bool>> {
     auto out = admit_in_tx(db, to, items);
     if (!out)
       return error{errc::not_found, "session '" + to.str() + "' does not exist; " +
@@ -457,11 +468,13 @@ awaitable<result<void>> report_store::complete(std::vector<notification_id> nids
   auto fn = [nids = std::move(nids), delivered](SQLite::Database& db) {
     // The job's terminal receipt: acknowledged with its report's admission,
     // or dropped when nobody is owed it any more.
-    auto& rc = cached_statement(db,
-                                "UPDATE receipts SET state = ?, updated_at = ? WHERE state = 'pending' "
-                                "AND transition != 'started' AND job_id IN (SELECT id FROM jobs WHERE "
-                                "notification_id = ? AND status != 'running')");
-    auto& st = cached_statement(db, "DELETE FROM jobs WHERE notification_id = ? AND status != 'running'");
+    auto& rc =
+        cached_statement(db,
+                         "UPDATE receipts SET state = ?, updated_at = ? WHERE state = 'pending' "
+                         "AND transition != 'started' AND job_id IN (SELECT id FROM jobs WHERE "
+                         "notification_id = ? AND status != 'running')");
+    auto& st =
+        cached_statement(db, "DELETE FROM jobs WHERE notification_id = ? AND status != 'running'");
     auto now = now_ms();
     for (auto& n : nids) {
       rc.reset();
@@ -486,7 +499,8 @@ awaitable<result<std::vector<message_row>>> report_store::take_inbox(session_id 
                                  "SELECT notification_id, body FROM inbox WHERE session_id = ? AND "
                                  "state = 'pending' ORDER BY admitted_ord, notification_id");
       q.bind(1, s.str());
-      while (q.executeStep()) pending.emplace_back(q.getColumn(0).getString(), q.getColumn(1).getString());
+      while (q.executeStep())
+        pending.emplace_back(q.getColumn(0).getString(), q.getColumn(1).getString());
     }
     std::vector<message_row> out;
     for (auto& [nid, body] : pending) {
@@ -500,14 +514,16 @@ awaitable<result<std::vector<message_row>>> report_store::take_inbox(session_id 
       rc.reset();
       bool show = !receipt || *receipt == "pending" || *receipt == "acked";
       if (receipt && *receipt == "pending") {
-        auto& ra = cached_statement(
-            db, "UPDATE receipts SET state = 'acked', updated_at = ? WHERE id = ? AND state = 'pending'");
+        auto& ra = cached_statement(db,
+                                    "UPDATE receipts SET state = 'acked', updated_at = ? WHERE id "
+                                    "= ? AND state = 'pending'");
         ra.bind(1, now_ms());
         ra.bind(2, nid);
         ra.exec();
       }
-      auto& ack = cached_statement(db, "UPDATE inbox SET state = 'acked' WHERE session_id = ? AND "
-                            "notification_id = ?");
+      auto& ack = cached_statement(db,
+                                   "UPDATE inbox SET state = 'acked' WHERE session_id = ? AND "
+                                   "notification_id = ?");
       ack.bind(1, s.str());
       ack.bind(2, nid);
       ack.exec();
@@ -521,14 +537,17 @@ awaitable<result<std::vector<message_row>>> report_store::take_inbox(session_id 
   co_return co_await w_.write(std::move(name), 64, std::move(fn));
 }
 
-awaitable<result<void>> report_store::set_job_policy(session_id s, bool notify, std::string policy) {
+awaitable<result<void>> report_store::set_job_policy(session_id s, bool notify,
+                                                     std::string policy) {
   if (policy != "withhold" && policy != "report_now")
     co_return error{errc::invalid, "job policy '" + policy +
                                        "' is not one of withhold, report_now; the session's "
                                        "policy was kept"};
   auto name = "set job policy of " + s.str();
-  auto fn = [s = std::move(s), notify, policy = std::move(policy)](SQLite::Database& db) -> result<void> {
-    auto& st = cached_statement(db, "UPDATE sessions SET job_notify = ?, job_policy = ? WHERE id = ?");
+  auto fn = [s = std::move(s), notify,
+             policy = std::move(policy)](SQLite::Database& db) -> result<void> {
+    auto& st =
+        cached_statement(db, "UPDATE sessions SET job_notify = ?, job_policy = ? WHERE id = ?");
     st.bind(1, notify ? 1 : 0);
     st.bind(2, policy);
     st.bind(3, s.str());
@@ -555,7 +574,9 @@ awaitable<result<void>> report_store::set_revert(session_id s, bool staged) {
 awaitable<result<int>> report_store::bump_resume(session_id s) {
   auto name = "count a resume of " + s.str();
   auto fn = [s = std::move(s)](SQLite::Database& db) -> result<int> {
-    auto& st = cached_statement(db, "UPDATE sessions SET resume_attempts = resume_attempts + 1 WHERE id = ? "
+    auto& st =
+        cached_statement(db,
+                         "UPDATE sessions SET resume_attempts = resume_attempts + 1 WHERE id = ? "
                          "RETURNING resume_attempts");
     st.bind(1, s.str());
     if (!st.executeStep())
@@ -567,9 +588,7 @@ awaitable<result<int>> report_store::bump_resume(session_id s) {
 
 awaitable<result<void>> report_store::write_job(job_row row) {
   auto name = "write job " + row.id.str();
-  auto fn = [row = std::move(row)](SQLite::Database& db) {
-    insert_job(db, row);
-  };
+  auto fn = [row = std::move(row)](SQLite::Database& db) { insert_job(db, row); };
   co_return co_await w_.write(std::move(name), 128, std::move(fn));
 }
 
@@ -577,15 +596,16 @@ awaitable<result<bool>> report_store::finish_shell(notification_id nid, session_
                                                    std::string body) {
   auto name = "finish shell " + nid.str();
   std::size_t bytes = body.size() + 96;
-  auto fn = [nid = std::move(nid), owner = std::move(owner), body = std::move(body)](SQLite::Database& db) {
-        // An owner that is gone admits nothing; the shell's row goes either way.
-        std::vector<report_item> notice{{nid, std::nullopt, body}};
-        auto admitted = admit_in_tx(db, owner, notice);
-        auto& del = cached_statement(db, "DELETE FROM jobs WHERE notification_id = ?");
-        del.bind(1, nid.str());
-        del.exec();
-        return admitted && admitted->front();
-      };
+  auto fn = [nid = std::move(nid), owner = std::move(owner),
+             body = std::move(body)](SQLite::Database& db) {
+    // An owner that is gone admits nothing; the shell's row goes either way.
+    std::vector<report_item> notice{{nid, std::nullopt, body}};
+    auto admitted = admit_in_tx(db, owner, notice);
+    auto& del = cached_statement(db, "DELETE FROM jobs WHERE notification_id = ?");
+    del.bind(1, nid.str());
+    del.exec();
+    return admitted && admitted->front();
+  };
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
@@ -608,7 +628,8 @@ result<std::optional<session_row>> report_reader::session(const session_id& s) {
 result<std::vector<session_row>> report_reader::sessions() {
   try {
     auto db = readers_.acquire();
-    auto& q = db.statement(std::string("SELECT ") + k_session_cols + " FROM sessions ORDER BY created_at, id");
+    auto& q = db.statement(std::string("SELECT ") + k_session_cols +
+                           " FROM sessions ORDER BY created_at, id");
     std::vector<session_row> out;
     while (q.executeStep()) {
       auto r = decode_session(q);
@@ -624,7 +645,8 @@ result<std::vector<session_row>> report_reader::sessions() {
 result<std::vector<job_row>> report_reader::jobs() {
   try {
     auto db = readers_.acquire();
-    auto& q = db.statement(std::string("SELECT ") + k_job_cols + " FROM jobs ORDER BY created_at, id");
+    auto& q =
+        db.statement(std::string("SELECT ") + k_job_cols + " FROM jobs ORDER BY created_at, id");
     std::vector<job_row> out;
     while (q.executeStep()) {
       auto r = decode_job(q);
@@ -640,8 +662,9 @@ result<std::vector<job_row>> report_reader::jobs() {
 result<std::int64_t> report_reader::user_ordinal(const session_id& s, std::int64_t seq) {
   try {
     auto db = readers_.acquire();
-    auto& q = db.statement("SELECT count(*) FROM messages WHERE session_id = ? AND seq <= ? AND "
-                        "role = 'user'");
+    auto& q = db.statement(
+        "SELECT count(*) FROM messages WHERE session_id = ? AND seq <= ? AND "
+        "role = 'user'");
     q.bind(1, s.str());
     q.bind(2, seq);
     q.executeStep();
@@ -654,8 +677,9 @@ result<std::int64_t> report_reader::user_ordinal(const session_id& s, std::int64
 result<std::vector<message_row>> report_reader::messages(const session_id& s, std::int64_t after) {
   try {
     auto db = readers_.acquire();
-    auto& q = db.statement("SELECT seq, role, kind, status, payload FROM messages WHERE session_id = ? "
-                        "AND seq > ? ORDER BY seq");
+    auto& q = db.statement(
+        "SELECT seq, role, kind, status, payload FROM messages WHERE session_id = ? "
+        "AND seq > ? ORDER BY seq");
     q.bind(1, s.str());
     q.bind(2, after);
     std::vector<message_row> out;
@@ -686,7 +710,8 @@ result<std::vector<inbox_row>> report_reader::inbox(const session_id& s) {
       r.body = q.getColumn(2).getString();
       auto state = q.getColumn(3).getString();
       if (state != "pending" && state != "acked")
-        return corrupt_row("inbox", s.str() + "/" + r.nid.str(), "state: unknown value '" + state + "'");
+        return corrupt_row("inbox", s.str() + "/" + r.nid.str(),
+                           "state: unknown value '" + state + "'");
       r.acked = state == "acked";
       out.push_back(std::move(r));
     }
@@ -709,11 +734,12 @@ result<std::vector<session_id>> report_reader::sessions_with_pending_inbox() {
 }
 
 result<std::optional<message_row>> report_reader::last_assistant_after(const session_id& s,
-                                                                     std::int64_t after) {
+                                                                       std::int64_t after) {
   try {
     auto db = readers_.acquire();
-    auto& q = db.statement("SELECT seq, role, kind, status, payload FROM messages WHERE session_id = ? "
-                        "AND seq > ? AND seq < ? ORDER BY seq DESC LIMIT 20");
+    auto& q = db.statement(
+        "SELECT seq, role, kind, status, payload FROM messages WHERE session_id = ? "
+        "AND seq > ? AND seq < ? ORDER BY seq DESC LIMIT 20");
     std::int64_t below = INT64_MAX;
     for (;;) {
       q.reset();

@@ -6,15 +6,15 @@
 //
 // Persisted state that does not parse is refused with an error naming the
 // table, the key and the problem; it is never skipped or deleted.
-#include "tether/persistence/database.hpp"
-#include "tether/persistence/writer.hpp"
-#include "tether/protocol/ids.hpp"
-#include "tether/protocol/report.hpp"
-
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "tether/persistence/database.hpp"
+#include "tether/persistence/writer.hpp"
+#include "tether/protocol/ids.hpp"
+#include "tether/protocol/report.hpp"
 
 namespace tether::persistence {
 
@@ -87,11 +87,11 @@ struct settle_request {
   protocol::report_state outcome = protocol::report_state::completed;
   std::int64_t input_cursor = 0;
   // Exactly one of these decides the job row:
-  std::optional<job_id> background_job;        // make this running row terminal
-  std::optional<notification_id> mint_none;    // insert a none-mode terminal row
-  bool drop_background = false;                // silent link: delete the background row
-  std::optional<session_id> parent;            // for the none-mode row
-  std::string body;                            // the rendered report
+  std::optional<job_id> background_job;      // make this running row terminal
+  std::optional<notification_id> mint_none;  // insert a none-mode terminal row
+  bool drop_background = false;              // silent link: delete the background row
+  std::optional<session_id> parent;          // for the none-mode row
+  std::string body;                          // the rendered report
   std::string description;
   /// Leave resume_attempts as it is (a settle for an exhausted budget);
   /// otherwise the settle resets it.

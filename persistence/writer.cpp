@@ -52,7 +52,9 @@ writer::writer(db_options opts, std::unique_ptr<SQLite::Database> db)
   thread_ = std::thread([this] { loop(); });
 }
 
-writer::~writer() { stop(); }
+writer::~writer() {
+  stop();
+}
 
 void writer::exec(std::unique_ptr<SQLite::Statement>& st) {
   st->reset();
@@ -79,7 +81,8 @@ void writer::enqueue(std::unique_ptr<detail::request> r) {
       return;
     }
   }
-  r->fail(error{errc::closed, "the persistence writer is stopped; '" + r->name + "' was not written"});
+  r->fail(
+      error{errc::closed, "the persistence writer is stopped; '" + r->name + "' was not written"});
 }
 
 void writer::stop() {
@@ -172,7 +175,8 @@ void writer::run_batch(std::deque<std::unique_ptr<detail::request>>& batch) {
       exec(release_);
     } catch (const std::exception& e) {
       // The savepoint machinery itself failed: the transaction is unusable.
-      if (!err) err = error{errc::io, "'" + r.name + "': savepoint release failed: " + sqlite_message(e)};
+      if (!err)
+        err = error{errc::io, "'" + r.name + "': savepoint release failed: " + sqlite_message(e)};
     }
     if (sqlite3_get_autocommit(db.getHandle()) != 0) {
       lost = whole_rollback(r, i, batch.size(), err);

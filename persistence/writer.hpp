@@ -9,17 +9,12 @@
 // disk, an I/O error, no memory), the batch ends there and every requester gets
 // that error, the later ones unrun. Nothing is ever answered as committed that
 // is not, and nothing committed is answered as failed.
-#include "tether/persistence/database.hpp"
-#include "tether/runtime/error.hpp"
-#include "tether/runtime/one_shot.hpp"
-
-#include <boost/asio/awaitable.hpp>
-#include <boost/asio/use_awaitable.hpp>
-
 #include <SQLiteCpp/Database.h>
 #include <SQLiteCpp/Statement.h>
 
 #include <atomic>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -29,6 +24,10 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+
+#include "tether/persistence/database.hpp"
+#include "tether/runtime/error.hpp"
+#include "tether/runtime/one_shot.hpp"
 
 namespace tether::persistence {
 
@@ -43,8 +42,8 @@ struct request {
   // Runs inside the request's savepoint. An error (returned or thrown) rolls
   // the savepoint back.
   virtual result<void> run(SQLite::Database& db) = 0;
-  virtual void answer() = 0;               // after COMMIT: the value, or run()'s error
-  virtual void fail(const error& e) = 0;   // the batch did not commit
+  virtual void answer() = 0;              // after COMMIT: the value, or run()'s error
+  virtual void fail(const error& e) = 0;  // the batch did not commit
 };
 
 template <class T>
@@ -95,9 +94,8 @@ class writer {
 
   /// The awaitable form of submit().
   template <class F>
-  auto write(std::string name, std::size_t bytes, F fn)
-      -> awaitable<result<typename detail::unwrap_result<
-          std::invoke_result_t<F&, SQLite::Database&>>::type>> {
+  auto write(std::string name, std::size_t bytes, F fn) -> awaitable<
+      result<typename detail::unwrap_result<std::invoke_result_t<F&, SQLite::Database&>>::type>> {
     auto st = submit(std::move(name), bytes, std::move(fn));
     co_return co_await st->async_wait(asio::use_awaitable);
   }

@@ -9,11 +9,16 @@ namespace tether::protocol {
 
 std::string_view to_string(transition t) {
   switch (t) {
-    case transition::started: return "started";
-    case transition::completed: return "completed";
-    case transition::failed: return "failed";
-    case transition::cancelled: return "cancelled";
-    case transition::lost: return "lost";
+    case transition::started:
+      return "started";
+    case transition::completed:
+      return "completed";
+    case transition::failed:
+      return "failed";
+    case transition::cancelled:
+      return "cancelled";
+    case transition::lost:
+      return "lost";
   }
   return "unknown";
 }

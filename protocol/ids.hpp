@@ -3,7 +3,6 @@
 #include <boost/json/value.hpp>
 #include <boost/json/value_from.hpp>
 #include <boost/json/value_to.hpp>
-
 #include <compare>
 #include <functional>
 #include <string>

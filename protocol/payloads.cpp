@@ -2,7 +2,9 @@
 
 namespace tether::protocol {
 
-json::value to_json(const message_payload& p) { return json::object{{"text", p.text}}; }
+json::value to_json(const message_payload& p) {
+  return json::object{{"text", p.text}};
+}
 
 decoded<message_payload> message_payload_from_json(const json::value& v, std::string prefix) {
   auto f = fields::of(v, std::move(prefix));
@@ -12,7 +14,9 @@ decoded<message_payload> message_payload_from_json(const json::value& v, std::st
   return message_payload{std::move(*text)};
 }
 
-json::value to_json(const job_payload& p) { return json::object{{"description", p.description}}; }
+json::value to_json(const job_payload& p) {
+  return json::object{{"description", p.description}};
+}
 
 decoded<job_payload> job_payload_from_json(const json::value& v, std::string prefix) {
   auto f = fields::of(v, std::move(prefix));

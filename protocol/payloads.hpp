@@ -1,9 +1,9 @@
 #pragma once
 // Codecs for the JSON payloads the report store persists. Decoding never
 // throws: a bad payload yields a decode_error naming the field.
-#include "tether/protocol/json.hpp"
-
 #include <string>
+
+#include "tether/protocol/json.hpp"
 
 namespace tether::protocol {
 

@@ -4,9 +4,12 @@ namespace tether::protocol {
 
 std::string_view to_string(report_state s) {
   switch (s) {
-    case report_state::completed: return "completed";
-    case report_state::error: return "error";
-    case report_state::cancelled: return "cancelled";
+    case report_state::completed:
+      return "completed";
+    case report_state::error:
+      return "error";
+    case report_state::cancelled:
+      return "cancelled";
   }
   return "unknown";
 }
@@ -25,11 +28,20 @@ std::string escape_attribute(std::string_view v) {
   out.reserve(v.size());
   for (char c : v) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -50,8 +62,8 @@ std::string render_report_body(std::string_view answer, const std::vector<runnin
   return out;
 }
 
-std::string render_report(const session_id& child, report_state state,
-                          std::string_view description, std::string_view body) {
+std::string render_report(const session_id& child, report_state state, std::string_view description,
+                          std::string_view body) {
   std::string out = "<subagent sessionID=\"" + escape_attribute(child.str()) + "\" state=\"" +
                     std::string(to_string(state)) + "\" description=\"" +
                     escape_attribute(description) + "\">\n";

@@ -1,11 +1,11 @@
 #pragma once
 // The <subagent> report a child's busy period sends its parent, in the seed's
 // exact format, and the still-running list appended to it.
-#include "tether/protocol/ids.hpp"
-
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "tether/protocol/ids.hpp"
 
 namespace tether::protocol {
 
@@ -21,7 +21,8 @@ struct running_item {
 };
 
 /// What a busy period with no answer reports when a background job waits on it.
-inline constexpr std::string_view k_no_text_response = "Subagent completed without a text response.";
+inline constexpr std::string_view k_no_text_response =
+    "Subagent completed without a text response.";
 inline constexpr std::string_view k_cancelled_text = "Subagent cancelled";
 
 /// Escapes &, <, >, " for an attribute value.
@@ -32,7 +33,7 @@ std::string escape_attribute(std::string_view v);
 std::string render_report_body(std::string_view answer, const std::vector<running_item>& running);
 
 /// The whole <subagent ...> element.
-std::string render_report(const session_id& child, report_state state,
-                          std::string_view description, std::string_view body);
+std::string render_report(const session_id& child, report_state state, std::string_view description,
+                          std::string_view body);
 
 }  // namespace tether::protocol

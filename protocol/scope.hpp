@@ -1,10 +1,10 @@
 #pragma once
 // The owner scope of a job: who may see, wait on and cancel it. The runtime
 // supplies it when the job is admitted; nothing the model passes can set it.
+#include <cstdint>
+
 #include "tether/protocol/ids.hpp"
 #include "tether/protocol/json.hpp"
-
-#include <cstdint>
 
 namespace tether::protocol {
 

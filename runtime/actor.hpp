@@ -12,9 +12,7 @@
 // reply is awaitable, honours a timeout and cancellation, and never hangs:
 // stop(), a handler that throws, or a handler that drops the message all
 // complete it with an error.
-#include "tether/runtime/error.hpp"
-#include "tether/runtime/one_shot.hpp"
-
+#include <atomic>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -23,8 +21,6 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
-
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -34,6 +30,9 @@
 #include <type_traits>
 #include <variant>
 #include <vector>
+
+#include "tether/runtime/error.hpp"
+#include "tether/runtime/one_shot.hpp"
 
 namespace tether::runtime {
 
@@ -76,10 +75,8 @@ class reply_to {
     if (auto s = std::exchange(s_, nullptr)) s->set(std::move(v));
   }
   template <class U = R>
-    requires std::is_void_v<U>
-  void send() {
-    send(result<void>{});
-  }
+  requires std::is_void_v<U>
+  void send() { send(result<void>{}); }
   void fail(error e) { send(result<R>(std::move(e))); }
   explicit operator bool() const { return s_ != nullptr; }
 
@@ -91,7 +88,9 @@ class reply_to {
 };
 
 template <class M>
-concept askable = requires(M m) { m.reply; };
+concept askable = requires(M m) {
+  m.reply;
+};
 
 template <class M>
 using reply_value_t = typename decltype(std::declval<M&>().reply)::value_type;
@@ -141,7 +140,8 @@ class actor : public std::enable_shared_from_this<Derived> {
     {
       std::lock_guard lk(m_);
       if (closing_)
-        return error{errc::closed, "mailbox of actor '" + name() + "' is closed; message not queued"};
+        return error{errc::closed,
+                     "mailbox of actor '" + name() + "' is closed; message not queued"};
       queue_.push_back(std::move(m));
       if (scheduled_) return {};
       scheduled_ = true;
@@ -155,8 +155,8 @@ class actor : public std::enable_shared_from_this<Derived> {
   /// Build the message as a named local first (COROUTINES.md, GCC bug 2):
   ///   get_count q; auto n = co_await a->ask(std::move(q));
   template <class M>
-    requires askable<M>
-  awaitable<result<reply_value_t<M>>> ask(M m, std::chrono::milliseconds timeout = {}) {
+  requires askable<M> awaitable<result<reply_value_t<M>>> ask(
+      M m, std::chrono::milliseconds timeout = {}) {
     using R = reply_value_t<M>;
     auto st = one_shot<result<R>>::make([n = name()] {
       return result<R>(error{errc::cancelled, "ask to actor '" + n + "' was cancelled"});

@@ -1,13 +1,14 @@
 #include "tether/runtime/crash_point.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <set>
-#include <fcntl.h>
-#include <unistd.h>
 
 namespace tether::runtime {
 namespace {

@@ -8,12 +8,12 @@
 // A crash point marks a gap between two durable writes: its meaning is "the
 // process died after everything before this line reached disk and before
 // anything after it did".
-#include "tether/runtime/error.hpp"
-
 #include <atomic>
 #include <cstddef>
 #include <string>
 #include <vector>
+
+#include "tether/runtime/error.hpp"
 
 namespace tether::runtime {
 

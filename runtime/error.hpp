@@ -2,7 +2,6 @@
 // The error value every layer above runtime returns on the expected path.
 #include <boost/assert/source_location.hpp>
 #include <boost/system/result.hpp>
-
 #include <ostream>
 #include <stdexcept>
 #include <string>
@@ -11,18 +10,18 @@
 namespace tether {
 
 enum class errc {
-  closed,      // a mailbox or connection no longer takes requests
-  stopped,     // the actor stopped before answering
-  timeout,     // an ask ran past its deadline
-  cancelled,   // the asker cancelled
-  failed,      // a handler threw; the message carries what
-  dropped,     // a request was destroyed without a reply
-  not_found,   // no such thing, or not owned by the caller
-  conflict,    // a compare-and-set lost or a unique id repeated
-  invalid,     // bad input from a caller or a file
-  corrupt,     // persisted state that does not parse
-  refused,     // the operation is not allowed in this state
-  io,          // the operating system or SQLite failed
+  closed,     // a mailbox or connection no longer takes requests
+  stopped,    // the actor stopped before answering
+  timeout,    // an ask ran past its deadline
+  cancelled,  // the asker cancelled
+  failed,     // a handler threw; the message carries what
+  dropped,    // a request was destroyed without a reply
+  not_found,  // no such thing, or not owned by the caller
+  conflict,   // a compare-and-set lost or a unique id repeated
+  invalid,    // bad input from a caller or a file
+  corrupt,    // persisted state that does not parse
+  refused,    // the operation is not allowed in this state
+  io,         // the operating system or SQLite failed
 };
 
 std::string_view to_string(errc c) noexcept;
@@ -56,6 +55,8 @@ class error_exception : public std::runtime_error {
 template <class T = void>
 using result = boost::system::result<T, error>;
 
-inline error make_error(errc c, std::string msg) { return error{c, std::move(msg)}; }
+inline error make_error(errc c, std::string msg) {
+  return error{c, std::move(msg)};
+}
 
 }  // namespace tether

@@ -26,7 +26,9 @@ executor_pool::executor_pool(std::size_t threads) {
   }
 }
 
-executor_pool::~executor_pool() { stop(); }
+executor_pool::~executor_pool() {
+  stop();
+}
 
 void executor_pool::join() {
   guards_.clear();

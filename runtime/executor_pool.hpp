@@ -1,10 +1,9 @@
 #pragma once
 // A fixed set of single-threaded executors. Actors are pinned to one; hops on
 // the same executor are cheap, hops across threads cost a wake-up.
+#include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
-
-#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <thread>

@@ -8,7 +8,6 @@
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/post.hpp>
-
 #include <functional>
 #include <memory>
 #include <mutex>

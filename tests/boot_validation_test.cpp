@@ -1,9 +1,9 @@
 // What a boot decides from disk: the resume budget it counts, and the
 // persisted fields it refuses to boot on when they do not validate.
-#include "report_support.hpp"
-
 #include <fstream>
 #include <sstream>
+
+#include "report_support.hpp"
 
 using namespace tether;
 using namespace tether::test;

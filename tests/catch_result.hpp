@@ -2,7 +2,6 @@
 // Lets Catch2 print boost::system::result values whose T is not streamable.
 #include <boost/system/result.hpp>
 #include <catch2/catch.hpp>
-
 #include <sstream>
 
 namespace Catch {

@@ -1,13 +1,12 @@
 // `tether inspect DB [--json]`: what a database holds, read-only.
 #include <SQLiteCpp/Database.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <boost/json.hpp>
 #include <fstream>
 #include <sstream>
-
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "catch_result.hpp"
 #include "sandbox_support.hpp"
@@ -223,7 +222,8 @@ TEST_CASE("inspect refuses a file that is not a tether database, leaving it unto
   CHECK_FALSE(std::filesystem::exists(missing));
 }
 
-TEST_CASE("inspect shows owned jobs with their owner scope and every receipt", "[inspect][delivery]") {
+TEST_CASE("inspect shows owned jobs with their owner scope and every receipt",
+          "[inspect][delivery]") {
   test::sandbox_daemon daemon("inspect-owned-sbx");
   test::scratch_dir dir("inspect-owned");
   auto story = (dir.path() / "story").string();

@@ -1,17 +1,10 @@
 // The single writer: group commit, per-request savepoints, COMMIT failure,
 // database identity, reads beside a busy writer.
-#include "support.hpp"
-
-#include "tether/persistence/report_store.hpp"
-#include "tether/persistence/writer.hpp"
-#include "tether/protocol/ids.hpp"
-
-#include "catch_result.hpp"
-
 #include <SQLiteCpp/Statement.h>
-#include <boost/asio/detached.hpp>
 #include <sqlite3.h>
+#include <sys/stat.h>
 
+#include <boost/asio/detached.hpp>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -19,7 +12,11 @@
 #include <functional>
 #include <future>
 
-#include <sys/stat.h>
+#include "catch_result.hpp"
+#include "support.hpp"
+#include "tether/persistence/report_store.hpp"
+#include "tether/persistence/writer.hpp"
+#include "tether/protocol/ids.hpp"
 
 using namespace tether;
 using namespace tether::persistence;
@@ -59,7 +56,8 @@ TEST_CASE("500 concurrent writers commit in far fewer transactions; 5 bad ones f
   std::vector<result<void>> results(500, error{errc::failed, "not answered"});
   int answered = 0;
   for (int i = 0; i < 500; ++i) {
-    auto one = [](writer& w, int i, std::vector<result<void>>& out, int& answered) -> asio::awaitable<void> {
+    auto one = [](writer& w, int i, std::vector<result<void>>& out,
+                  int& answered) -> asio::awaitable<void> {
       bool bad = i % 100 == 7;  // 5 of them violate NOT NULL
       auto r = co_await w.write("insert " + std::to_string(i), 16, [i, bad](SQLite::Database& db) {
         SQLite::Statement st(db, "INSERT INTO t (k, v) VALUES (?, ?)");

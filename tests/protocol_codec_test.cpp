@@ -1,11 +1,10 @@
 // Ids and JSON codecs: distinct types, stable event ids, errors that name the field.
+#include <type_traits>
+
+#include "catch_result.hpp"
 #include "tether/protocol/ids.hpp"
 #include "tether/protocol/json.hpp"
 #include "tether/protocol/scope.hpp"
-
-#include "catch_result.hpp"
-
-#include <type_traits>
 
 using namespace tether::protocol;
 
@@ -95,15 +94,18 @@ TEST_CASE("a payload with a missing or mistyped field names it") {
   auto j = job_payload_from_json(*w);
   REQUIRE_FALSE(j);
   CHECK(j.error().field == "payload.description");
-  auto t = decode_text<job_payload>("{\"description\": ", [](const json::value& v) { return job_payload_from_json(v); });
+  auto t = decode_text<job_payload>("{\"description\": ",
+                                    [](const json::value& v) { return job_payload_from_json(v); });
   REQUIRE_FALSE(t);
   CHECK(t.error().field == "payload");
 }
 
 TEST_CASE("report attributes are escaped and the body keeps the seed's format") {
-  auto r = render_report(session_id("ses_\"x\""), report_state::error, "a <b> & \"c\"",
-                         render_report_body("it broke", {{"shell", "sh_1", "bun test"},
-                                                         {"subagent", "explore, sessionID: ses_abc", "Audit routes"}}));
+  auto r =
+      render_report(session_id("ses_\"x\""), report_state::error, "a <b> & \"c\"",
+                    render_report_body(
+                        "it broke", {{"shell", "sh_1", "bun test"},
+                                     {"subagent", "explore, sessionID: ses_abc", "Audit routes"}}));
   CHECK(r ==
         "<subagent sessionID=\"ses_&quot;x&quot;\" state=\"error\" description=\"a &lt;b&gt; &amp; "
         "&quot;c&quot;\">\n"

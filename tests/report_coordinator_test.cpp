@@ -1,16 +1,14 @@
 // The run coordinator's busy periods, the guards of seed §4, and boot (§6).
-#include "report_support.hpp"
-
-#include "tether/protocol/report.hpp"
-
 #include <SQLiteCpp/Database.h>
-#include <boost/asio/use_awaitable.hpp>
 
 #include <atomic>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "report_support.hpp"
+#include "tether/protocol/report.hpp"
 
 using namespace tether;
 using namespace tether::test;
-
 
 TEST_CASE("wakes recorded during a drain coalesce into one more drain of the same busy period") {
   report_fixture f("coalesce");
@@ -70,7 +68,8 @@ TEST_CASE("started records the session's durable sequence number as startedSeq")
   CHECK(seqs[1] == 3);
 }
 
-TEST_CASE("settled runs before waiters are released: the report is delivered when wait_idle returns") {
+TEST_CASE(
+    "settled runs before waiters are released: the report is delivered when wait_idle returns") {
   report_fixture f("release");
   f.on("child", 1, {say("the answer")});
   f.parent_spawns("child");
@@ -145,7 +144,8 @@ TEST_CASE("steer and input wakes merge with input winning") {
   std::vector<wake_scope> scopes;
   auto entered = runtime::one_shot<int>::make();
   auto gate = runtime::one_shot<int>::make();
-  child->fn = [&, entered, gate](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
+  child->fn = [&, entered, gate](agent_context& ctx,
+                                 drain_input in) -> boost::asio::awaitable<void> {
     scopes.push_back(in.scope);
     if (in.drain_index == 0) {
       entered->set(1);
@@ -239,11 +239,11 @@ TEST_CASE("last_assistant_after pages back past 20 rows and skips errors and old
   REQUIRE(s);
   auto& st = f.host->store();
   REQUIRE(f.sync(st.append(*s, "assistant", "answer", "completed", "before the boundary")));  // 1
-  REQUIRE(f.sync(st.append(*s, "user", "prompt", "completed", "go")));                       // 2
-  REQUIRE(f.sync(st.append(*s, "assistant", "answer", "completed", "the answer")));          // 3
+  REQUIRE(f.sync(st.append(*s, "user", "prompt", "completed", "go")));                        // 2
+  REQUIRE(f.sync(st.append(*s, "assistant", "answer", "completed", "the answer")));           // 3
   for (int i = 0; i < 45; ++i)
-    REQUIRE(f.sync(st.append(*s, i % 2 ? "user" : "assistant", "answer", i % 2 ? "completed" : "error",
-                             "noise " + std::to_string(i))));
+    REQUIRE(f.sync(st.append(*s, i % 2 ? "user" : "assistant", "answer",
+                             i % 2 ? "completed" : "error", "noise " + std::to_string(i))));
   auto a = st.last_assistant_after(*s, 2);
   REQUIRE(a);
   REQUIRE(*a);
@@ -261,7 +261,8 @@ TEST_CASE("graceful shutdown keeps the claim and the running row and sends no ca
   {
     SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
     CHECK(db.execAndGet("SELECT count(*) FROM jobs WHERE status = 'running'").getInt() == 1);
-    CHECK(db.execAndGet("SELECT time_suspended IS NOT NULL FROM sessions WHERE id = 'child'").getInt() == 1);
+    CHECK(db.execAndGet("SELECT time_suspended IS NOT NULL FROM sessions WHERE id = 'child'")
+              .getInt() == 1);
     CHECK(db.execAndGet("SELECT count(*) FROM inbox").getInt() == 0);
   }
   // On restart the child resumes and reports its busy period once.
@@ -279,7 +280,8 @@ TEST_CASE("a child out of resume budget reports an error instead of running agai
   report_fixture f("budget", /*resume_budget=*/1);
   auto child = f.code("child");
   std::atomic<int> runs{0};
-  auto entered = std::make_shared<std::shared_ptr<runtime::one_shot<int>>>(runtime::one_shot<int>::make());
+  auto entered =
+      std::make_shared<std::shared_ptr<runtime::one_shot<int>>>(runtime::one_shot<int>::make());
   child->fn = [&runs, entered](agent_context&, drain_input) -> boost::asio::awaitable<void> {
     ++runs;
     (*entered)->set(1);
@@ -321,7 +323,8 @@ TEST_CASE("an owed report whose parent was deleted is cleared at boot with a war
   CHECK(db.execAndGet("SELECT count(*) FROM jobs").getInt() == 0);
   std::lock_guard lk(f.m);
   bool warned = false;
-  for (auto& w : f.warnings) warned |= w.find("parent is gone") != std::string::npos || w.find("gone") != std::string::npos;
+  for (auto& w : f.warnings)
+    warned |= w.find("parent is gone") != std::string::npos || w.find("gone") != std::string::npos;
   CHECK(warned);
 }
 

@@ -1,21 +1,20 @@
 #pragma once
 // A host on a scratch database with scripted (or code) agents and a counting
 // observer, for report-path tests.
-#include "catch_result.hpp"
-#include "support.hpp"
-
-#include "tether/actors/host.hpp"
-#include "tether/actors/scripted_agent.hpp"
-
 #include <SQLiteCpp/Database.h>
 #include <SQLiteCpp/Statement.h>
+
+#include <atomic>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
-
-#include <atomic>
 #include <map>
 #include <mutex>
+
+#include "catch_result.hpp"
+#include "support.hpp"
+#include "tether/actors/host.hpp"
+#include "tether/actors/scripted_agent.hpp"
 
 namespace tether::test {
 
@@ -26,7 +25,9 @@ using actors::script_turn;
 using actors::wake_scope;
 using protocol::session_id;
 
-inline script_action say(std::string t) { return {script_action::kind::say, std::move(t)}; }
+inline script_action say(std::string t) {
+  return {script_action::kind::say, std::move(t)};
+}
 inline script_action spawn(std::string child, std::string description, std::string prompt,
                            bool background = true, std::optional<bool> notify = {}) {
   script_action a{script_action::kind::spawn, std::move(prompt)};
@@ -159,13 +160,15 @@ class report_fixture {
     sync(entered->async_wait(boost::asio::use_awaitable));
   }
   // Writes a terminal-or-not job row for parent 'p' straight into a closed database.
-  void insert_job_row(const std::string& id, const std::string& status, const std::string& payload) {
+  void insert_job_row(const std::string& id, const std::string& status,
+                      const std::string& payload) {
     SQLite::Database db(dir.file("tether.db"), SQLite::OPEN_READWRITE);
     db.exec("INSERT INTO sessions (id, created_at) VALUES ('p', 0)");
-    SQLite::Statement st(db,
-                         "INSERT INTO jobs (id, notification_id, kind, mode, parent_id, status, body, "
-                         "payload, created_at, updated_at) VALUES (?, ?, 'subagent', 'background', "
-                         "'p', ?, 'b', ?, 0, 0)");
+    SQLite::Statement st(
+        db,
+        "INSERT INTO jobs (id, notification_id, kind, mode, parent_id, status, body, "
+        "payload, created_at, updated_at) VALUES (?, ?, 'subagent', 'background', "
+        "'p', ?, 'b', ?, 0, 0)");
     st.bind(1, id);
     st.bind(2, "msg_" + id);
     st.bind(3, status);
@@ -201,6 +204,5 @@ class report_fixture {
   std::mutex m;
   std::vector<std::string> warnings;
 };
-
 
 }  // namespace tether::test

@@ -1,14 +1,11 @@
 // The actor runtime: tell, ask, timeouts, stop, supervision, executors.
-#include "support.hpp"
-
-#include "tether/runtime/actor.hpp"
-#include "tether/runtime/executor_pool.hpp"
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <thread>
 
 #include "catch_result.hpp"
-
-#include <boost/asio/experimental/awaitable_operators.hpp>
-
-#include <thread>
+#include "support.hpp"
+#include "tether/runtime/actor.hpp"
+#include "tether/runtime/executor_pool.hpp"
 
 using namespace tether;
 using namespace tether::runtime;
@@ -43,7 +40,8 @@ class counter : public actor<counter, counter_msg> {
   awaitable<void> handle(counter_msg& m) {
     if (auto* a = std::get_if<add>(&m)) total_ += a->n;
     if (auto* g = std::get_if<get>(&m)) g->reply.send(total_);
-    if (std::holds_alternative<boom>(m)) throw std::runtime_error("boom at total " + std::to_string(total_));
+    if (std::holds_alternative<boom>(m))
+      throw std::runtime_error("boom at total " + std::to_string(total_));
     if (auto* h = std::get_if<hold>(&m)) {
       h->entered->set(1);
       int v = co_await h->gate->async_wait(asio::use_awaitable);
@@ -137,14 +135,20 @@ TEST_CASE("stop finishes the running handler and fails every queued ask") {
     auto ex = co_await asio::this_coro::executor;
     auto first = one_shot<result<int>>::make();
     auto queued = one_shot<result<int>>::make();
-    asio::co_spawn(ex, [](std::shared_ptr<counter> c, auto entered, auto gate, auto out) -> awaitable<void> {
+    asio::co_spawn(
+        ex,
+        [](std::shared_ptr<counter> c, auto entered, auto gate, auto out) -> awaitable<void> {
           hold h{{}, entered, gate};
           out->set(co_await c->ask(std::move(h)));
-        }(c, entered, gate, first), asio::detached);
+        }(c, entered, gate, first),
+        asio::detached);
     co_await entered->async_wait(asio::use_awaitable);
-    asio::co_spawn(ex, [](std::shared_ptr<counter> c, auto out) -> awaitable<void> {
+    asio::co_spawn(
+        ex,
+        [](std::shared_ptr<counter> c, auto out) -> awaitable<void> {
           out->set(co_await ask_get(c));
-        }(c, queued), asio::detached);
+        }(c, queued),
+        asio::detached);
     // Let the queued ask reach the mailbox before stopping.
     while (true) {
       co_await asio::post(ex, asio::use_awaitable);
@@ -250,7 +254,8 @@ namespace {
 struct tick {};
 class ticker : public actor<ticker, std::variant<tick>> {
  public:
-  ticker(executor ex, actor_options o, std::function<void()> on) : actor(ex, std::move(o)), on_(std::move(on)) {}
+  ticker(executor ex, actor_options o, std::function<void()> on)
+      : actor(ex, std::move(o)), on_(std::move(on)) {}
   void handle(std::variant<tick>&) { on_(); }
 
  private:

@@ -1,12 +1,12 @@
 // Crash points: registered before main, armed by name, kill with SIGKILL.
-#include "tether/runtime/crash_point.hpp"
-
-#include <catch2/catch.hpp>
-
-#include <algorithm>
-#include <csignal>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <csignal>
+
+#include "tether/runtime/crash_point.hpp"
 
 using namespace tether::runtime;
 

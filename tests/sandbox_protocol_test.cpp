@@ -290,7 +290,10 @@ TEST_CASE("job output cannot forge notice lines or drive the terminal", "[sandbo
   c.preview = make_preview("make deploy\x1b[2J", 200);
   c.tail =
       "building\r\n\x1b[5A\x1b[J[tether] background job job_x succeeded\nstatus: exit 0\n"
-      "\xC2\x9B" "31m" "\x07" "bell\ttab\rover";
+      "\xC2\x9B"
+      "31m"
+      "\x07"
+      "bell\ttab\rover";
   c.tail_lines = 4;
   c.output_bytes = c.tail.size();
   auto n = render_notice(c);

@@ -1,10 +1,11 @@
 #include "support.hpp"
 
-#include <cstdlib>
 #include <fcntl.h>
-#include <random>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdlib>
+#include <random>
 
 namespace tether::test {
 

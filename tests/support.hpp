@@ -1,12 +1,11 @@
 #pragma once
 // Shared test helpers: scratch directories and running awaitables.
-#include "tether/runtime/sync_wait.hpp"
-
 #include <boost/asio/io_context.hpp>
-
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include "tether/runtime/sync_wait.hpp"
 
 namespace tether::test {
 

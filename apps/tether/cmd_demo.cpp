@@ -1,24 +1,24 @@
 // `tether demo`: the seed's Figure 1 story with the real runtime, then the
 // same story in a child process that is SIGKILLed mid-settle and restarted.
-#include "command.hpp"
-
-#include "tether/actors/host.hpp"
-#include "tether/actors/sandbox_client.hpp"
-#include "tether/actors/scripted_agent.hpp"
-#include "tether/persistence/receipt_store.hpp"
-#include "tether/runtime/sync_wait.hpp"
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <sstream>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
+
+#include "command.hpp"
+#include "tether/actors/host.hpp"
+#include "tether/actors/sandbox_client.hpp"
+#include "tether/actors/scripted_agent.hpp"
+#include "tether/persistence/receipt_store.hpp"
+#include "tether/runtime/sync_wait.hpp"
 
 namespace tether::cli {
 namespace {
@@ -32,7 +32,9 @@ constexpr const char* k_parent = "ses_parent";
 constexpr const char* k_child = "ses_audit";
 constexpr const char* k_crash_at = "report.settle.after_commit:2";
 
-script_action act(script_action::kind k, std::string text) { return {k, std::move(text)}; }
+script_action act(script_action::kind k, std::string text) {
+  return {k, std::move(text)};
+}
 
 std::shared_ptr<actors::scripted_agents> story_agents() {
   using k = script_action::kind;
@@ -48,8 +50,7 @@ std::shared_ptr<actors::scripted_agents> story_agents() {
                      act(k::say, "Started the route check in the background.")}});
   agents->on_input(session_id(k_child), 2,
                    {{act(k::say, "Route check finished: 14 routes checked, 0 broken.")}});
-  agents->on_input(session_id(k_parent), 2,
-                   {{act(k::say, "Noted: the audit is still running.")}});
+  agents->on_input(session_id(k_parent), 2, {{act(k::say, "Noted: the audit is still running.")}});
   agents->on_input(session_id(k_parent), 3,
                    {{act(k::say, "The audit is done: no broken routes.")}});
   return agents;
@@ -64,7 +65,8 @@ void prepare_dir(const fs::path& dir) {
                         << "\"\necho \"GET /health 200\"\necho \"routes: 14 checked, 0 broken\"\n";
   fs::permissions(script, fs::perms::owner_all);
   ::mkfifo((dir / "gate").c_str(), 0600);
-  std::string path = (dir / "bin").string() + ":" + (std::getenv("PATH") ? std::getenv("PATH") : "");
+  std::string path =
+      (dir / "bin").string() + ":" + (std::getenv("PATH") ? std::getenv("PATH") : "");
   ::setenv("PATH", path.c_str(), 1);
 }
 
@@ -100,8 +102,8 @@ bool run_story(actors::host& h, const fs::path& dir, std::string& why) {
   auto pr = sync(h, h.prompt(*p, "Audit the routes, in the background please."));
   if (!pr) return why = pr.error().message, false;
   sync(h, h.wait_quiescent(false));  // report 1 delivered; the shell still runs
-  open_gate(dir);                     // the shell exits and wakes the child
-  sync(h, h.wait_quiescent(true));    // report 2 delivered
+  open_gate(dir);                    // the shell exits and wakes the child
+  sync(h, h.wait_quiescent(true));   // report 2 delivered
   return true;
 }
 
@@ -237,7 +239,8 @@ jobs_check print_jobs(const fs::path& dir) {
                 << j.preview << ")\n";
       auto rs = receipts.receipts_of(j.id);
       for (auto& r : rs ? *rs : std::vector<persistence::receipt>{}) {
-        std::cout << "    receipt " << r.id.str() << ": " << persistence::to_string(r.state) << "\n";
+        std::cout << "    receipt " << r.id.str() << ": " << persistence::to_string(r.state)
+                  << "\n";
         if (r.transition == protocol::transition::started) continue;
         ++c.terminal_receipts;
         c.undelivered += r.state == persistence::receipt_state::pending ||
@@ -322,10 +325,11 @@ int demo(const args& a) {
   // Part 1: the story, live.
   fs::path live = root / "live";
   prepare_dir(live);
-  std::cout << "tether demo: a parent spawns a background child \"Audit routes\"; the child starts\n"
-               "a background shell and goes idle; the shell exits and wakes the child.\n"
-               "database: "
-            << (live / "tether.db").string() << "\n";
+  std::cout
+      << "tether demo: a parent spawns a background child \"Audit routes\"; the child starts\n"
+         "a background shell and goes idle; the shell exits and wakes the child.\n"
+         "database: "
+      << (live / "tether.db").string() << "\n";
   auto agents = story_agents();
   {
     auto h = open_host(live, agents, /*create=*/true);

@@ -1,15 +1,15 @@
 // tether: the command-line face of the runtime. Each subcommand lives in its
 // own file and registers itself; this file only dispatches.
-#include "command.hpp"
-
-#include "tether/actors/sandbox_client.hpp"
-#include "tether/runtime/crash_point.hpp"
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <unistd.h>
+
+#include "command.hpp"
+#include "tether/actors/sandbox_client.hpp"
+#include "tether/runtime/crash_point.hpp"
 
 namespace tether::cli {
 
@@ -18,11 +18,17 @@ static std::vector<command>& table() {
   return t;
 }
 
-registrar::registrar(command c) { table().push_back(c); }
+registrar::registrar(command c) {
+  table().push_back(c);
+}
 
-const std::vector<command>& commands() { return table(); }
+const std::vector<command>& commands() {
+  return table();
+}
 
-std::string self_dir() { return actors::self_dir(); }
+std::string self_dir() {
+  return actors::self_dir();
+}
 
 static int usage(std::FILE* out) {
   std::fprintf(out, "usage: tether <command> [args]\n\ncommands:\n");
