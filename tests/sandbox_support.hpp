@@ -83,5 +83,8 @@ std::vector<int> live_group_members(int pgid);
 
 /// Opens the FIFO for writing and closes it: a `cat FIFO` in a job returns.
 void release_fifo(const std::string& path);
+// Opens a FIFO for reading (waiting for its writer) and reads until every
+// writer has closed it; returns what was written.
+std::string read_fifo(const std::string& path);
 
 }  // namespace tether::test
