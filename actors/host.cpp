@@ -181,13 +181,13 @@ std::vector<protocol::running_item> host::outstanding(const session_id& s) {
       // Settling, cancelled or foreground-blocking descendants are not listed.
       if (ci != directory_.end() && ci->second.busy && !ci->second.settling &&
           !ci->second.foreground)
-        subagents.push_back(
-            {"subagent", ci->second.agent + ", sessionID: " + c.str(), ci->second.description});
+        subagents.push_back({"subagent", ci->second.agent + ", sessionID: " + c.str(),
+                             shells_->label(ci->second.description)});
       stack.push_back(c);
     }
   }
   for (auto& sh : running_shells)
-    if (under.count(sh.owner)) shells.push_back({"shell", sh.id, sh.command});
+    if (under.count(sh.owner)) shells.push_back({"shell", sh.id, shells_->label(sh.command)});
   for (auto& u : under)
     for (auto& j : jobs_->running(u)) shells.push_back(std::move(j));
   shells.insert(shells.end(), subagents.begin(), subagents.end());
@@ -307,7 +307,7 @@ awaitable<result<std::string>> host::start_shell(session_id owner, std::string c
       std::lock_guard lk(shells_m_);
       shell_table_.erase(s.id);
     }
-    auto notice = shell_runner::render_notice(s, -1, started.error().message);
+    auto notice = shells_->render_failed_start(s, started.error().message);
     auto id = s.id;
     asio::co_spawn(pool_->at(0), finish_shell(std::move(s), std::move(notice)), asio::detached);
     co_return started.error();

@@ -9,11 +9,13 @@
 
 #include <boost/asio/post.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "tether/protocol/output_tail.hpp"
 #include "tether/protocol/report.hpp"
 
 extern char** environ;
@@ -24,7 +26,8 @@ namespace {
 constexpr const char* k_wrapper =
     "__s=$(</proc/$$/stat); __s=${__s##*) }; set -- $__s; "
     "echo \"$$ ${20}\" > \"$TETHER_SHELL_BASE.pid\"; "
-    "/bin/bash -c \"$TETHER_SHELL_CMD\" > \"$TETHER_SHELL_BASE.out\" 2>&1 < /dev/null; "
+    "/bin/bash -c \"$TETHER_SHELL_CMD\" tether-shell > \"$TETHER_SHELL_BASE.out\" 2>&1 < /dev/null "
+    "63> \"$TETHER_SHELL_BASE.capture\"; "
     "s=$?; echo $s > \"$TETHER_SHELL_BASE.status.tmp\" && "
     "mv \"$TETHER_SHELL_BASE.status.tmp\" \"$TETHER_SHELL_BASE.status\"";
 
@@ -53,35 +56,30 @@ std::string read_file(const std::string& p) {
   return ss.str();
 }
 
-// The last `lines` lines, at most `bytes` bytes, cut on a UTF-8 boundary.
-std::string tail_of(const std::string& out, std::size_t lines, std::size_t bytes) {
-  std::size_t start = out.size();
-  std::size_t seen = 0;
-  std::size_t end = out.size();
-  if (end > 0 && out[end - 1] == '\n') --end;
-  start = end;
-  while (start > 0 && seen < lines) {
-    auto nl = out.rfind('\n', start - 1);
-    if (nl == std::string::npos) {
-      start = 0;
-      break;
-    }
-    start = nl;
-    ++seen;
-    if (seen < lines) continue;
-    ++start;
+// The environment this process (and so every shell it starts) has.
+protocol::scrub_rules rules_of_environ() {
+  std::vector<std::pair<std::string, std::string>> env;
+  for (char** e = environ; *e; ++e) {
+    std::string_view kv(*e);
+    auto eq = kv.find('=');
+    if (eq == std::string_view::npos) continue;
+    env.emplace_back(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
   }
-  if (start < out.size() && out[start] == '\n') ++start;
-  if (end - start > bytes) start = end - bytes;
-  while (start < end && (static_cast<unsigned char>(out[start]) & 0xC0) == 0x80) ++start;
-  std::string t = out.substr(start, end - start);
-  if (start > 0) t = "[" + std::to_string(start) + " earlier bytes left out]\n" + t;
-  return t;
+  return protocol::scrub_rules::from_env(env);
+}
+
+constexpr std::size_t k_tail_lines = 40;
+constexpr std::size_t k_tail_bytes = 4096;
+constexpr std::size_t k_preview_bytes = 200;
+
+std::int64_t now_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
 }
 }  // namespace
 
 shell_runner::shell_runner(runtime::executor ex, std::string dir, on_exit_fn on_exit)
-    : ex_(ex), dir_(std::move(dir)), on_exit_(std::move(on_exit)) {
+    : ex_(ex), dir_(std::move(dir)), scrub_(rules_of_environ()), on_exit_(std::move(on_exit)) {
   std::filesystem::create_directories(dir_);
 }
 
@@ -91,23 +89,60 @@ std::string shell_runner::path(const std::string& id, const char* ext) const {
   return dir_ + "/" + id + ext;
 }
 
-std::string shell_runner::render_notice(const shell_info& s, int exit_code,
-                                        const std::string& output_tail) {
-  std::string out = "<shell id=\"" + protocol::escape_attribute(s.id) + "\" exit=\"" +
-                    std::to_string(exit_code) + "\" command=\"" +
-                    protocol::escape_attribute(s.command.substr(0, 200)) + "\">\n";
-  if (exit_code == -1) out += "[exit status unknown]\n";
-  out += output_tail;
-  if (!output_tail.empty() && output_tail.back() != '\n') out += "\n";
-  out += "</shell>";
-  return out;
+std::string shell_runner::label(const std::string& command) const {
+  return protocol::make_preview(scrub_.scrub(command), k_preview_bytes).text;
+}
+
+std::string shell_runner::render_failed_start(const shell_info& s, const std::string& why) const {
+  protocol::launch_outcome o;
+  o.unknown_reason = "the shell did not start: " + why;
+  return render_finished(s, o, {});
+}
+
+std::string shell_runner::render_finished(const shell_info& s, const protocol::launch_outcome& o,
+                                          const std::string& output_path) const {
+  // Stages are split on the command as given (scrubbing can break its quoting), then scrubbed.
+  auto shape = protocol::last_pipeline(s.command);
+  for (auto& st : shape.stages) st = scrub_.scrub(st);
+  protocol::shell_completion c;
+  c.job = s.id;
+  c.status = protocol::judge(o, shape);
+  c.status.reason = scrub_.scrub(c.status.reason);
+  c.preview = protocol::make_preview(scrub_.scrub(s.command), k_preview_bytes);
+  // Scrubbed as a stream, chunk by chunk, keeping only the last bytes: memory
+  // stays bounded however much the shell printed, and a secret cut by a chunk
+  // boundary is still caught.
+  protocol::head_tail kept(0, 4 * k_tail_bytes);
+  if (!output_path.empty()) {
+    int fd = ::open(output_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd >= 0) {
+      protocol::stream_scrubber stream(scrub_);
+      std::string buf(64 * 1024, '\0');
+      for (;;) {
+        ssize_t n = ::read(fd, buf.data(), buf.size());
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        kept.append(stream.feed(std::string_view(buf.data(), static_cast<std::size_t>(n))));
+      }
+      kept.append(stream.finish());
+      ::close(fd);
+    }
+  }
+  auto t =
+      protocol::make_tail(kept.last(k_tail_bytes + 8), kept.total(), k_tail_lines, k_tail_bytes);
+  c.tail = std::move(t.text);
+  c.tail_omitted_bytes = t.omitted_bytes;
+  c.tail_lines = t.lines;
+  c.output_bytes = kept.total();
+  c.ended_at_ms = now_ms();
+  return protocol::render_notice(c);
 }
 
 result<void> shell_runner::start(shell_info& s) {
   std::string base = dir_ + "/" + s.id;
   std::vector<std::string> env_store;
   for (char** e = environ; *e; ++e) env_store.emplace_back(*e);
-  env_store.push_back("TETHER_SHELL_CMD=" + s.command);
+  env_store.push_back("TETHER_SHELL_CMD=" + protocol::capture_script(s.command));
   env_store.push_back("TETHER_SHELL_BASE=" + base);
   std::vector<char*> envp;
   for (auto& e : env_store) envp.push_back(e.data());
@@ -129,8 +164,7 @@ result<void> shell_runner::start(shell_info& s) {
   int rc = ::posix_spawn(&pid, "/bin/bash", &fa, &attr, argv, envp.data());
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
-  if (rc != 0)
-    return error{errc::io, "cannot start shell '" + s.command + "': " + std::strerror(rc)};
+  if (rc != 0) return error{errc::io, std::string("cannot start /bin/bash: ") + std::strerror(rc)};
   s.pid = pid;
   watch(s);
   return {};
@@ -189,11 +223,19 @@ void shell_runner::finished(const shell_info& s) {
     std::lock_guard lk(m_);
     if (stopped_) return;
   }
+  protocol::launch_outcome o;
   auto status = read_file(path(s.id, ".status"));
-  int code = -1;
-  if (!status.empty()) code = std::atoi(status.c_str());
-  auto tail = tail_of(read_file(path(s.id, ".out")), 40, 4096);
-  on_exit_(s, render_notice(s, code, tail));
+  if (!status.empty()) {
+    // The wrapper's `$?` for the command's shell: its exit code, or 128+N
+    // when a signal ended it (the wrapper cannot tell the two apart).
+    o.shell = protocol::launch_outcome::shell_end{false, std::atoi(status.c_str())};
+    o.capture_line = protocol::find_capture_line(read_file(path(s.id, ".capture")));
+  } else {
+    o.unknown_reason = s.pid > 0 ? "the shell ended without writing its status"
+                                 : "the shell is gone and left no status (after a restart, its "
+                                   "process was not found or its pid was reused)";
+  }
+  on_exit_(s, render_finished(s, o, path(s.id, ".out")));
 }
 
 void shell_runner::stop() {

@@ -6,7 +6,14 @@
 // to <dir>/<id>.status (write then rename, so it is whole or absent) and its
 // pid to <dir>/<id>.pid, so a restarted host can find a shell again: a status
 // file means it finished; a live pid means it still runs; neither means the
-// status is unknown (-1), never 0.
+// status is unknown (-1), never 0. The command runs under the same per-stage
+// capture as a sandbox job (protocol::capture_script, into <dir>/<id>.capture),
+// so `cargo test | tail` is judged by its failing stage.
+//
+// The notice is the sandbox's (protocol::render_notice): the command preview,
+// the status line and the output tail are scrubbed with the rules of the host's
+// environment (the shell inherits it) and bounded; output is read in chunks
+// through the stream scrubber, keeping only its last bytes.
 #include <sys/types.h>
 
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -17,6 +24,8 @@
 #include <string>
 
 #include "tether/protocol/ids.hpp"
+#include "tether/protocol/notice.hpp"
+#include "tether/protocol/scrub.hpp"
 #include "tether/runtime/actor.hpp"
 
 namespace tether::actors {
@@ -43,9 +52,13 @@ class shell_runner {
   void stop();
   std::size_t running() const;
 
-  /// The notice a finished shell sends its owner.
-  static std::string render_notice(const shell_info& s, int exit_code,
-                                   const std::string& output_tail);
+  /// The notice for a shell that could not be started: `why` says what failed.
+  std::string render_failed_start(const shell_info& s, const std::string& why) const;
+  /// The scrubbed, bounded one-line label of a command (still-running lists).
+  std::string label(const std::string& command) const;
+  /// The notice for a shell with this outcome and (raw) output file.
+  std::string render_finished(const shell_info& s, const protocol::launch_outcome& o,
+                              const std::string& output_path) const;
 
  private:
   void watch(shell_info s);
@@ -54,6 +67,7 @@ class shell_runner {
 
   runtime::executor ex_;
   std::string dir_;
+  protocol::scrubber scrub_;
   on_exit_fn on_exit_;
   mutable std::mutex m_;
   std::map<std::string, std::unique_ptr<boost::asio::posix::stream_descriptor>> watching_;

@@ -304,6 +304,21 @@ pipeline_shape last_pipeline(std::string_view command) {
   return pipeline_splitter(command).last();
 }
 
+std::string capture_script(std::string_view command) {
+  std::string s(command);
+  s += "\n__tether_ps=(\"${PIPESTATUS[@]}\" \"$?\"); "
+       "printf 'pipestatus %s\\n' \"${__tether_ps[*]}\" >&63; "
+       "exit \"${__tether_ps[-1]}\"";
+  return s;
+}
+
+std::optional<std::string> find_capture_line(std::string_view text) {
+  auto pos = text.rfind("pipestatus ");
+  if (pos == std::string_view::npos) return std::nullopt;
+  auto end = text.find('\n', pos);
+  return std::string(text.substr(pos, end == std::string_view::npos ? end : end - pos));
+}
+
 job_status judge(const launch_outcome& o, const pipeline_shape& shape) {
   job_status s;
   std::optional<std::vector<int>> cap;

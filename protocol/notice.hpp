@@ -75,6 +75,15 @@ struct pipeline_shape {
 };
 pipeline_shape last_pipeline(std::string_view command);
 
+/// The script `bash -c` runs for a job: the command, then on its own line the
+/// capture of every stage's status of its last pipeline and the shell's `$?`
+/// ("pipestatus S1 ... Sn $?") written to descriptor 63. The capture does not
+/// run when the command ends the shell itself (`exit`, `exec`, a syntax error).
+std::string capture_script(std::string_view command);
+
+/// The capture line ("pipestatus ...") in what descriptor 63 received, if any.
+std::optional<std::string> find_capture_line(std::string_view status_file_text);
+
 /// Judges an outcome. `shape` names the stages when its count matches the capture.
 job_status judge(const launch_outcome& o, const pipeline_shape& shape);
 

@@ -505,13 +505,7 @@ void daemon::finalize(std::shared_ptr<job> jp, std::optional<std::pair<bool, int
   }
   protocol::launch_outcome o;
   if (shell) o.shell = protocol::launch_outcome::shell_end{shell->first, shell->second};
-  if (auto st = read_file(j.dir / "status"); st && !st->empty()) {
-    auto pos = st->rfind("pipestatus ");
-    if (pos != std::string::npos) {
-      auto end = st->find('\n', pos);
-      o.capture_line = st->substr(pos, end == std::string::npos ? std::string::npos : end - pos);
-    }
-  }
+  if (auto st = read_file(j.dir / "status")) o.capture_line = protocol::find_capture_line(*st);
   o.kill_requested = j.rec.kill_requested;
   o.unknown_reason = std::move(unknown_reason);
   protocol::shell_completion c;

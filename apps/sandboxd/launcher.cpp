@@ -14,6 +14,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "tether/protocol/notice.hpp"
+
 namespace tether::sandboxd {
 
 namespace {
@@ -55,10 +57,7 @@ launcher_config find_tools() {
 }
 
 std::string launcher_script(const std::string& command) {
-  return command +
-         "\n__tether_ps=(\"${PIPESTATUS[@]}\" \"$?\"); "
-         "printf 'pipestatus %s\\n' \"${__tether_ps[*]}\" >&63; "
-         "exit \"${__tether_ps[-1]}\"";
+  return protocol::capture_script(command);
 }
 
 spawn_result spawn_job(const launcher_config& cfg, const spawn_request& r) {
