@@ -59,21 +59,21 @@
 
 #include "support.hpp"
 #include "tether/actors/host.hpp"
-#include "tether/actors/scripted_agent.hpp"
 #include "tether/runtime/clock.hpp"
 #include "tether/runtime/sync_wait.hpp"
+#include "tether/testing/scripted_agent.hpp"
 
 namespace {
 
 using namespace tether;
 namespace asio = boost::asio;
 namespace bench = tether::bench;
-using actors::script_action;
-using actors::script_turn;
 using asio::awaitable;
 using bench::clock;
 using protocol::notification_id;
 using protocol::session_id;
+using testing::script_action;
+using testing::script_turn;
 
 constexpr char k_bench[] = "bench_settle";
 constexpr std::size_t k_threads = 2;
@@ -154,7 +154,7 @@ class parent_agent : public actors::agent {
 class bench_agents : public actors::agent_factory {
  public:
   bench_agents(const shape& s, spawn_state* st)
-      : scripted_(std::make_shared<actors::scripted_agents>()), st_(st) {
+      : scripted_(std::make_shared<testing::scripted_agents>()), st_(st) {
     for (std::size_t p = 0; p < s.parents; ++p) {
       parents_[parent_name(p)] = {p, s.children};
       for (std::size_t c = 0; c < s.children; ++c) {
@@ -175,7 +175,7 @@ class bench_agents : public actors::agent_factory {
   }
 
  private:
-  std::shared_ptr<actors::scripted_agents> scripted_;
+  std::shared_ptr<testing::scripted_agents> scripted_;
   spawn_state* st_;
   std::map<std::string, std::pair<std::size_t, std::size_t>> parents_;  // name -> index, children
 };

@@ -23,6 +23,13 @@ endfunction()
 # Installs what the build produced: build the whole tree first (make build).
 step("cmake --install (needs a fully built ${BIN})" "${CMAKE_COMMAND}" --install "${BIN}"
      --prefix "${WORK}/prefix")
+# The test harness (scenario runner, scripted agents) is not part of the library.
+file(GLOB_RECURSE harness "${WORK}/prefix/include/tether/testing/*"
+     "${WORK}/prefix/include/tether/actors/scenario.hpp"
+     "${WORK}/prefix/include/tether/actors/scripted_agent.hpp")
+if(harness)
+  message(FATAL_ERROR "the install ships the test harness: ${harness}; ${WORK} was kept")
+endif()
 step("configure examples/embed" "${CMAKE_COMMAND}" -S "${SRC}/examples/embed" -B "${WORK}/build"
      -G "${GENERATOR}" "-DCMAKE_CXX_COMPILER=${CXX}" "-DCMAKE_PREFIX_PATH=${WORK}/prefix"
      -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)

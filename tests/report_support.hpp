@@ -14,16 +14,16 @@
 #include "catch_result.hpp"
 #include "support.hpp"
 #include "tether/actors/host.hpp"
-#include "tether/actors/scripted_agent.hpp"
+#include "tether/testing/scripted_agent.hpp"
 
 namespace tether::test {
 
 using actors::agent_context;
 using actors::drain_input;
-using actors::script_action;
-using actors::script_turn;
 using actors::wake_scope;
 using protocol::session_id;
+using testing::script_action;
+using testing::script_turn;
 
 inline script_action say(std::string t) {
   return {script_action::kind::say, std::move(t)};
@@ -84,7 +84,7 @@ struct code_agent : actors::agent {
 
 // Scripted agents for every session except those given code.
 struct mixed_agents : actors::agent_factory {
-  std::shared_ptr<actors::scripted_agents> scripted;
+  std::shared_ptr<testing::scripted_agents> scripted;
   std::map<std::string, std::shared_ptr<code_agent>> code;
   std::shared_ptr<actors::agent> make(const persistence::session_row& s) override {
     auto it = code.find(s.id.str());
@@ -97,7 +97,7 @@ class report_fixture {
  public:
   explicit report_fixture(const std::string& tag, int resume_budget = 3)
       : dir(tag), budget(resume_budget) {
-    agents->scripted = std::make_shared<actors::scripted_agents>();
+    agents->scripted = std::make_shared<testing::scripted_agents>();
     open();
   }
   ~report_fixture() { close(); }

@@ -1,7 +1,7 @@
 // Scenario files: every example in examples/scenarios/ holds when run through
 // the real `tether` binary, and a malformed file is refused with its line
 // number and the word that was wrong.
-#include "tether/actors/scenario.hpp"
+#include "tether/testing/scenario.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -12,7 +12,7 @@
 
 using namespace tether;
 namespace fs = std::filesystem;
-namespace scn = tether::actors::scenario;
+namespace scn = tether::testing::scenario;
 
 namespace {
 

@@ -16,16 +16,16 @@
 #include "command.hpp"
 #include "tether/actors/host.hpp"
 #include "tether/actors/sandbox_client.hpp"
-#include "tether/actors/scripted_agent.hpp"
 #include "tether/persistence/receipt_store.hpp"
 #include "tether/runtime/sync_wait.hpp"
+#include "tether/testing/scripted_agent.hpp"
 
 namespace tether::cli {
 namespace {
 
-using actors::script_action;
-using actors::script_turn;
 using protocol::session_id;
+using testing::script_action;
+using testing::script_turn;
 namespace fs = std::filesystem;
 
 constexpr const char* k_parent = "ses_parent";
@@ -36,9 +36,9 @@ script_action act(script_action::kind k, std::string text) {
   return {k, std::move(text)};
 }
 
-std::shared_ptr<actors::scripted_agents> story_agents() {
+std::shared_ptr<testing::scripted_agents> story_agents() {
   using k = script_action::kind;
-  auto agents = std::make_shared<actors::scripted_agents>();
+  auto agents = std::make_shared<testing::scripted_agents>();
   script_action spawn{k::spawn, "Check that every route answers."};
   spawn.child = k_child;
   spawn.description = "Audit routes";
@@ -79,7 +79,7 @@ void open_gate(const fs::path& dir) {
 }
 
 result<std::unique_ptr<actors::host>> open_host(const fs::path& dir,
-                                                std::shared_ptr<actors::scripted_agents> agents,
+                                                std::shared_ptr<testing::scripted_agents> agents,
                                                 bool create = false) {
   actors::host_options o;
   o.create_db = create;  // only a story's first run creates its database

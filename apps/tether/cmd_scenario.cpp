@@ -9,13 +9,13 @@
 #include <iostream>
 
 #include "command.hpp"
-#include "tether/actors/scenario.hpp"
+#include "tether/testing/scenario.hpp"
 
 namespace tether::cli {
 namespace {
 
 namespace fs = std::filesystem;
-namespace scn = actors::scenario;
+namespace scn = testing::scenario;
 
 constexpr const char* k_usage =
     "usage: tether scenario FILE [--dir DIR] [--timeout SECONDS] [--verbose]\n"

@@ -1,11 +1,11 @@
-#include "tether/actors/scripted_agent.hpp"
+#include "tether/testing/scripted_agent.hpp"
 
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <stdexcept>
 
-namespace tether::actors {
+namespace tether::testing {
 
 namespace {
 
@@ -164,4 +164,4 @@ void scripted_agents::note_inline(std::string r) {
   inline_.push_back(std::move(r));
 }
 
-}  // namespace tether::actors
+}  // namespace tether::testing

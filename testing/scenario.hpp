@@ -18,7 +18,7 @@
 
 #include "tether/runtime/error.hpp"
 
-namespace tether::actors::scenario {
+namespace tether::testing::scenario {
 
 /// One scripted action inside an `on NAME N:` turn (see script_action).
 struct action {
@@ -143,4 +143,4 @@ run_result run(const script& s, run_options opts);
 /// if they all ran (the crash point was never reached), 1 if a step failed.
 int run_crash_segment(const script& s, run_options opts, std::size_t crash_step);
 
-}  // namespace tether::actors::scenario
+}  // namespace tether::testing::scenario

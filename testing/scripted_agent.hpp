@@ -13,7 +13,10 @@
 
 #include "tether/actors/agent.hpp"
 
-namespace tether::actors {
+namespace tether::testing {
+
+// The harness drives the actors layer's own types.
+using namespace tether::actors;
 
 struct script_action {
   enum class kind {
@@ -73,4 +76,4 @@ class scripted_agents : public agent_factory {
   std::vector<std::string> inline_;
 };
 
-}  // namespace tether::actors
+}  // namespace tether::testing

@@ -1,4 +1,4 @@
-#include "tether/actors/scenario.hpp"
+#include "tether/testing/scenario.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -21,10 +21,12 @@
 #include <sstream>
 
 #include "tether/actors/host.hpp"
-#include "tether/actors/scripted_agent.hpp"
 #include "tether/runtime/crash_point.hpp"
+#include "tether/testing/scripted_agent.hpp"
 
-namespace tether::actors::scenario {
+namespace tether::testing::scenario {
+
+using namespace tether::actors;
 
 namespace fs = std::filesystem;
 using namespace std::string_literals;
@@ -1205,4 +1207,4 @@ int run_crash_segment(const script& s, run_options opts, std::size_t crash_step)
   return r.crash_segment(crash_step);
 }
 
-}  // namespace tether::actors::scenario
+}  // namespace tether::testing::scenario
