@@ -382,8 +382,14 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
   if (ec)
     return wire::error_rep{
         "io", "cannot create " + j->dir.string() + ": " + ec.message() + "; nothing was started"};
-  if (auto w = write_record(j->dir, rec); !w)
-    return wire::error_rep{"io", w.error().message + "; nothing was started"};
+  // The record, and the job directory's entry in jobs/, are durable before
+  // anything is spawned: after a power cut the job is known, never lost.
+  auto recorded = write_record(j->dir, rec);
+  if (recorded) recorded = sync_dir(j->dir.parent_path());
+  if (!recorded) {
+    fs::remove_all(j->dir, ec);
+    return wire::error_rep{"io", recorded.error().message + "; nothing was started"};
+  }
   TETHER_CRASH_POINT("sandboxd.job_recorded");
   j->out_file = ::open((j->dir / "output").c_str(),
                        O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -711,12 +717,33 @@ result<void> daemon::recover() {
   if (ec) return error{errc::io, "cannot create " + root.string() + ": " + ec.message()};
   for (auto& entry : fs::directory_iterator(root, ec)) {
     if (!entry.is_directory()) continue;
+    const auto name = entry.path().filename().string();
+    // A temp is never a record: the rename is the commit. One holding bytes
+    // is a write a crash cut short (or finished but did not rename).
+    std::vector<std::string> torn;
+    for (auto& t : leftover_temps(entry.path())) {
+      std::error_code rec_ec;
+      auto size = fs::file_size(t, rec_ec);
+      fs::remove(t, rec_ec);
+      torn.push_back(t.filename().string() + " (" + std::to_string(rec_ec ? 0 : size) + " bytes)");
+    }
     auto rec = read_record(entry.path());
+    auto said = [&](const std::string& kept) {
+      if (torn.empty()) return;
+      std::string list;
+      for (auto& t : torn) list += (list.empty() ? "" : ", ") + t;
+      log("job " + name + ": removed " + list +
+          ", a record write the daemon did not finish before it stopped; " + kept);
+    };
     if (!rec && rec.error().code == errc::not_found) {
       // Created, but the record never landed: nothing was started for it.
+      said(
+          "no record of the job had been written, so nothing was started for it and its "
+          "directory was removed");
       fs::remove_all(entry.path(), ec);
       continue;
     }
+    if (rec) said("the previous record (state " + rec->state + ") was kept");
     if (!rec)
       return error{rec.error().code,
                    "refusing to start: " + rec.error().message + "; nothing was changed"};
