@@ -403,10 +403,24 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
   j->pidfd = sp.ok->pidfd;
   j->output_fd = sp.ok->output_fd;
   j->is_child = true;
+  int go_fd = sp.ok->go_fd;
   rec.pid = sp.ok->pid;
   rec.pid_start = sp.ok->start_time;
   rec.state = "running";
-  if (auto w = write_record(j->dir, rec); !w) log("job " + rec.job + ": " + w.error().message);
+  // The shell waits at its go gate: until the `running` record is durable,
+  // a crash here leaves a job recorded `starting` and a shell that exits
+  // without running the command when the gate's pipe closes with us.
+  TETHER_CRASH_POINT("sandboxd.job_spawned_unrecorded");
+  if (auto w = write_record(j->dir, rec); !w) {
+    ::close(go_fd);  // the shell exits at its gate
+    ::kill(-static_cast<pid_t>(rec.pid), SIGKILL);
+    reap(j->pidfd);
+    fs::remove_all(j->dir, ec);
+    return wire::error_rep{"io", w.error().message + "; the command was not run"};
+  }
+  if (!release(go_fd))
+    log("job " + rec.job + ": cannot open its shell's go gate: " + std::strerror(errno) +
+        "; the shell exits without running the command, and the job ends with its status");
   TETHER_CRASH_POINT("sandboxd.job_spawned");
   jobs_[id.str()] = j;
   ++revision_;

@@ -11,8 +11,9 @@
 // Records (job.json, the final output, sandbox.json) are replaced durably, in
 // the order a power cut cannot reorder: write the temp, fsync it, rename it
 // over the record, fsync the directory. A record the daemon acknowledged (or
-// acted on: a job is spawned only once its `starting` record is durable) is
-// on disk, whole, after a power loss; a temp a crash left behind is never read as a record
+// acted on: a job is spawned only once its `starting` record is durable, and
+// runs its command only once its `running` record is) is on disk, whole,
+// after a power loss; a temp a crash left behind is never read as a record
 // (recover() removes it and says so). The output stream appended while a job
 // runs is not synced: it is what the job wrote, not a record. Nothing here
 // holds a raw secret: commands are stored scrubbed and output is scrubbed

@@ -19,6 +19,7 @@ namespace tether::sandboxd {
 namespace {
 
 constexpr int k_status_fd = 63;
+constexpr int k_go_fd = 62;
 
 std::string find_on_path(const std::string& name) {
   const char* path = std::getenv("PATH");
@@ -55,10 +56,26 @@ launcher_config find_tools() {
 }
 
 std::string launcher_script(const std::string& command) {
-  return command +
+  return "read -r -n 1 -u 62 __tether_go; exec 62<&-; [ \"$__tether_go\" = g ] || exit 125; "
+         "unset __tether_go\n" +
+         command +
          "\n__tether_ps=(\"${PIPESTATUS[@]}\" \"$?\"); "
          "printf 'pipestatus %s\\n' \"${__tether_ps[*]}\" >&63; "
          "exit \"${__tether_ps[-1]}\"";
+}
+
+bool release(int& go_fd) {
+  if (go_fd < 0) return false;
+  char g = 'g';
+  ssize_t n;
+  do {
+    n = ::write(go_fd, &g, 1);
+  } while (n < 0 && errno == EINTR);
+  int e = errno;
+  ::close(go_fd);
+  go_fd = -1;
+  errno = e;
+  return n == 1;
 }
 
 spawn_result spawn_job(const launcher_config& cfg, const spawn_request& r) {
@@ -68,12 +85,18 @@ spawn_result spawn_job(const launcher_config& cfg, const spawn_request& r) {
     res.error = std::string("pipe: ") + std::strerror(errno);
     return res;
   }
+  int go[2];
+  if (::pipe2(go, O_CLOEXEC) != 0) {
+    res.error = std::string("pipe: ") + std::strerror(errno);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return res;
+  }
   int status_fd =
       ::open(r.status_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (status_fd < 0) {
     res.error = "open " + r.status_path + ": " + std::strerror(errno);
-    ::close(fds[0]);
-    ::close(fds[1]);
+    for (int fd : {fds[0], fds[1], go[0], go[1]}) ::close(fd);
     return res;
   }
 
@@ -94,16 +117,18 @@ spawn_result spawn_job(const launcher_config& cfg, const spawn_request& r) {
   for (auto& s : envs) ev.push_back(s.data());
   ev.push_back(nullptr);
 
-  // The job gets stdin, stdout+stderr and the status fd, and nothing else of
-  // ours: not the listening socket, clients' sockets or other jobs' pipes
-  // (Asio does not open them close-on-exec). The status fd waits at 0 while
-  // everything from 3 up is closed.
+  // The job gets stdin, stdout+stderr, the status fd and the go gate's read
+  // end, and nothing else of ours: not the listening socket, clients' sockets
+  // or other jobs' pipes (Asio does not open them close-on-exec). The status
+  // fd waits at 0 and the gate at 1 while everything from 3 up is closed.
   file_actions fa;
   posix_spawn_file_actions_adddup2(&fa.fa, status_fd, 0);
-  posix_spawn_file_actions_adddup2(&fa.fa, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&fa.fa, go[0], 1);
   posix_spawn_file_actions_adddup2(&fa.fa, fds[1], 2);
   posix_spawn_file_actions_addclosefrom_np(&fa.fa, 3);
   posix_spawn_file_actions_adddup2(&fa.fa, 0, k_status_fd);
+  posix_spawn_file_actions_adddup2(&fa.fa, 1, k_go_fd);
+  posix_spawn_file_actions_adddup2(&fa.fa, 2, 1);
   posix_spawn_file_actions_addopen(&fa.fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addchdir_np(&fa.fa, r.cwd.c_str());
   spawn_attr at;
@@ -121,15 +146,18 @@ spawn_result spawn_job(const launcher_config& cfg, const spawn_request& r) {
   pid_t pid;
   int rc = ::posix_spawn(&pid, av[0], &fa.fa, &at.a, av.data(), ev.data());
   ::close(fds[1]);
+  ::close(go[0]);
   ::close(status_fd);
   if (rc != 0) {
     ::close(fds[0]);
+    ::close(go[1]);
     res.error = "could not start " + argv[0] + " in " + r.cwd + ": " + std::strerror(rc);
     return res;
   }
   spawned s;
   s.pid = pid;
   s.output_fd = fds[0];
+  s.go_fd = go[1];
   ::fcntl(s.output_fd, F_SETFL, ::fcntl(s.output_fd, F_GETFL) | O_NONBLOCK);
   s.pidfd = open_pidfd(pid);
   s.start_time = process_start_time(pid);
@@ -139,6 +167,7 @@ spawn_result spawn_job(const launcher_config& cfg, const spawn_request& r) {
     ::kill(-pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
     ::close(s.output_fd);
+    ::close(s.go_fd);
     res.error = std::string("pidfd_open: ") + std::strerror(err);
     return res;
   }
