@@ -225,3 +225,51 @@ TEST_CASE("a daemon killed between spawning a job and recording it running never
   run(check());
   CHECK_FALSE(std::filesystem::exists(d.dir().path() / "ran-marker"));
 }
+
+TEST_CASE(
+    "a completed job's record is kept until its host expires it, and dropped past the far bound",
+    "[sandbox]") {
+  sandbox_daemon d("sbx-keepdone");  // default bound: hours
+  auto cwd = d.dir().path().string();
+  protocol::job_id recent, ancient;
+  auto launch = [&]() -> awaitable<void> {
+    auto c = co_await connect(d.socket());
+    recent = protocol::job_id((co_await run_to_end(*c, command("echo finished; exit 0", cwd))).job);
+    ancient = protocol::job_id((co_await run_to_end(*c, command("echo long-ago", cwd))).job);
+  };
+  run(launch());
+  d.stop();
+  // The host was down 23 s (longer than the old 20 s grace) while `recent`
+  // ended; `ancient` ended 7 h ago and no host ever came back for it.
+  age_completed_record(d.options().state_dir, recent, 23'000);
+  age_completed_record(d.options().state_dir, ancient, 7 * 3600 * 1000);
+  d.start();
+  auto check = [&]() -> awaitable<void> {
+    auto ro = co_await connect(d.socket(), wire::conn_mode::read_only);
+    auto p = co_await ro->poll(recent);
+    REQUIRE(p.has_value());
+    REQUIRE(p->has_value());
+    CHECK((*p)->status.state == job_state::exited);
+    CHECK((*p)->status.exit_code == 0);
+    CHECK((*p)->tail == "finished\n");
+    auto gone = co_await ro->poll(ancient);
+    REQUIRE_FALSE(gone.has_value());
+    CHECK(gone.error().code == errc::not_found);
+
+    // The host, its receipt written, expires it.
+    auto rw = co_await connect(d.socket());
+    auto e = co_await rw->expire(recent);
+    REQUIRE(e.has_value());
+    CHECK(*e == std::vector<protocol::job_id>{recent});
+    auto l = co_await ro->list();
+    REQUIRE(l.has_value());
+    CHECK(l->jobs.empty());
+  };
+  run(check());
+  CHECK_THAT(d.log(), Catch::Contains("job " + ancient.str() +
+                                      " ended 25200 s ago and no host "
+                                      "expired it within --grace-ms 21600000; its record was "
+                                      "removed"));
+  CHECK_FALSE(std::filesystem::exists(std::filesystem::path(d.options().state_dir) / "jobs" /
+                                      ancient.str()));
+}

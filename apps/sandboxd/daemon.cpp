@@ -254,7 +254,9 @@ std::shared_ptr<job> daemon::find(const job_id& id) const {
 wire::error_rep daemon::not_found(const job_id& id) const {
   return {"not_found", "no job '" + id.str() + "' in sandbox '" + cfg_.id.sandbox_id +
                            "' generation " + std::to_string(cfg_.id.generation) +
-                           " (unknown here, or cleaned up after its grace period)"};
+                           " (unknown here, or expired: by its host once the host had written "
+                           "its terminal receipt, or " +
+                           std::to_string(cfg_.grace.count()) + " ms after it ended)"};
 }
 
 result<void> daemon::start() {
@@ -576,7 +578,11 @@ void daemon::arm_grace(std::shared_ptr<job> j, std::chrono::milliseconds after) 
   std::weak_ptr<job> weak = j;
   j->grace.async_wait([this, weak](boost::system::error_code ec) {
     if (ec) return;
-    if (auto jj = weak.lock(); jj && !jj->expired) erase(jj->rec.job);
+    auto jj = weak.lock();
+    if (!jj || jj->expired) return;
+    log("job " + jj->rec.job + ": no host expired it within --grace-ms " +
+        std::to_string(cfg_.grace.count()) + " after it ended; its record was removed");
+    erase(jj->rec.job);
   });
 }
 
@@ -778,8 +784,17 @@ result<void> daemon::recover() {
     const std::string id = j->rec.job;
     jobs_[id] = j;
     if (j->rec.done) {
-      auto left = j->rec.done->ended_at_ms + cfg_.grace.count() - now_ms();
-      arm_grace(j, std::chrono::milliseconds(std::max<std::int64_t>(0, left)));
+      // Kept for its host, which expires it once its receipt is durable; a
+      // record past the far bound was never expired by anyone and goes now.
+      auto ago = now_ms() - j->rec.done->ended_at_ms;
+      if (ago >= cfg_.grace.count()) {
+        log("job " + id + " ended " + std::to_string(ago / 1000) +
+            " s ago and no host expired it " + "within --grace-ms " +
+            std::to_string(cfg_.grace.count()) + "; its record was removed");
+        erase(id);
+        continue;
+      }
+      arm_grace(j, std::chrono::milliseconds(cfg_.grace.count() - ago));
       continue;
     }
     if (j->rec.state == "starting") {
