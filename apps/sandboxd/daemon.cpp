@@ -348,6 +348,19 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
     return wire::error_rep{"refused",
                            "isolation was requested but bwrap is not installed (Debian package "
                            "bubblewrap); nothing was started"};
+  if (r.isolate && !isolation_problem_) {
+    // Once per daemon: where the kernel or a container forbids user
+    // namespaces, bwrap fails for every job, so a job would "fail" with
+    // bwrap's words in its output. Say so up front instead.
+    isolation_problem_ = probe_isolation(cfg_.tools);
+    log(isolation_problem_->empty() ? "isolation with " + cfg_.tools.bwrap + " works here"
+                                    : "isolation is unavailable: " + *isolation_problem_);
+  }
+  if (r.isolate && !isolation_problem_->empty())
+    return wire::error_rep{
+        "refused", "isolation was requested but is unavailable here: " + *isolation_problem_ +
+                       "; nothing was started (a job never runs unisolated "
+                       "in its place)"};
   struct stat st;
   if (::stat(r.cwd.c_str(), &st) != 0)
     return wire::error_rep{"invalid", "cwd '" + r.cwd + "' cannot be used (" +

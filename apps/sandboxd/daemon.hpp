@@ -121,6 +121,9 @@ class daemon {
   int connections_ = 0;
   std::chrono::steady_clock::time_point last_activity_;
   bool stopping_ = false;
+  // Empty once bwrap proved it can isolate a job here; else why it cannot.
+  // Probed at the first isolated exec.
+  std::optional<std::string> isolation_problem_;
   // Output is scrubbed here, off the thread that serves connections: a job
   // printing hostile text slows its own output, not other clients.
   asio::thread_pool scrub_pool_{1};

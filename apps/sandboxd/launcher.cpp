@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <spawn.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -52,7 +53,84 @@ launcher_config find_tools() {
   auto bash = find_on_path("bash");
   if (!bash.empty()) c.bash = bash;
   c.bwrap = find_on_path("bwrap");
+  if (const char* b = std::getenv("TETHER_SANDBOXD_BWRAP"); b && *b) c.bwrap = b;
   return c;
+}
+
+namespace {
+// bwrap's arguments for a job in `cwd` (empty: none bound), up to the `--`.
+std::vector<std::string> bwrap_args(const launcher_config& cfg, const std::string& cwd,
+                                    bool allow_network) {
+  std::vector<std::string> a = {cfg.bwrap, "--ro-bind", "/",     "/",       "--dev",
+                                "/dev",    "--proc",    "/proc", "--tmpfs", "/tmp"};
+  if (!cwd.empty()) a.insert(a.end(), {"--bind", cwd, cwd});
+  a.push_back("--unshare-all");
+  if (allow_network) a.push_back("--share-net");
+  if (!cwd.empty()) a.insert(a.end(), {"--chdir", cwd});
+  a.push_back("--");
+  return a;
+}
+
+std::vector<char*> c_argv(std::vector<std::string>& v) {
+  std::vector<char*> out;
+  for (auto& s : v) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+}  // namespace
+
+std::string probe_isolation(const launcher_config& cfg, int timeout_ms) {
+  if (cfg.bwrap.empty()) return "bwrap is not installed (Debian package bubblewrap)";
+  auto argv = bwrap_args(cfg, "", false);
+  argv.insert(argv.end(), {cfg.bash, "-c", ":"});
+  auto av = c_argv(argv);
+  int err[2];
+  if (::pipe2(err, O_CLOEXEC) != 0)
+    return std::string("could not run bwrap to check it: pipe: ") + std::strerror(errno);
+  file_actions fa;
+  posix_spawn_file_actions_adddup2(&fa.fa, err[1], 2);
+  posix_spawn_file_actions_addclosefrom_np(&fa.fa, 3);
+  posix_spawn_file_actions_addopen(&fa.fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa.fa, 1, "/dev/null", O_WRONLY, 0);
+  char* no_env[] = {nullptr};
+  pid_t pid;
+  int rc = ::posix_spawn(&pid, av[0], &fa.fa, nullptr, av.data(), no_env);
+  ::close(err[1]);
+  if (rc != 0) {
+    ::close(err[0]);
+    return "could not run " + cfg.bwrap + ": " + std::strerror(rc);
+  }
+  // What bwrap says, until it exits and closes its end (bounded in time and size).
+  std::string said;
+  pollfd p{err[0], POLLIN, 0};
+  bool timed_out = false;
+  for (;;) {
+    int n = ::poll(&p, 1, timeout_ms);
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) {
+      timed_out = true;
+      ::kill(pid, SIGKILL);
+      break;
+    }
+    char buf[1024];
+    ssize_t got = ::read(err[0], buf, sizeof buf);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    if (said.size() < 4096) said.append(buf, static_cast<std::size_t>(got));
+  }
+  ::close(err[0]);
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  while (!said.empty() && (said.back() == '\n' || said.back() == ' ')) said.pop_back();
+  if (timed_out)
+    return cfg.bwrap + " did not finish setting up an isolated shell within " +
+           std::to_string(timeout_ms) + " ms";
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return {};
+  std::string how = WIFEXITED(st) ? "exit " + std::to_string(WEXITSTATUS(st))
+                                  : "signal " + std::to_string(WTERMSIG(st));
+  return cfg.bwrap + " cannot set up an isolated shell here (" + how + ")" +
+         (said.empty() ? std::string() : ": " + said);
 }
 
 std::string launcher_script(const std::string& command) {
@@ -101,16 +179,9 @@ spawn_result spawn_job(const launcher_config& cfg, const spawn_request& r) {
   }
 
   std::vector<std::string> argv;
-  if (r.isolate) {
-    argv = {cfg.bwrap, "--ro-bind", "/",    "/",      "--dev", "/dev", "--proc",
-            "/proc",   "--tmpfs",   "/tmp", "--bind", r.cwd,   r.cwd,  "--unshare-all"};
-    if (r.allow_network) argv.push_back("--share-net");
-    argv.insert(argv.end(), {"--chdir", r.cwd, "--"});
-  }
+  if (r.isolate) argv = bwrap_args(cfg, r.cwd, r.allow_network);
   argv.insert(argv.end(), {cfg.bash, "-c", launcher_script(r.command), "tether-job"});
-  std::vector<char*> av;
-  for (auto& s : argv) av.push_back(s.data());
-  av.push_back(nullptr);
+  auto av = c_argv(argv);
   std::vector<std::string> envs;
   for (auto& [k, v] : r.env) envs.push_back(k + "=" + v);
   std::vector<char*> ev;

@@ -50,8 +50,16 @@ struct launcher_config {
   std::string bwrap;  // empty: isolation unavailable
 };
 
-/// Finds bash and bwrap on PATH.
+/// Finds bash and bwrap on PATH; $TETHER_SANDBOXD_BWRAP, when set, names
+/// the bwrap to use instead (tests point it at one that fails).
 launcher_config find_tools();
+
+/// Whether bwrap can set up a job's isolation here: runs it once with the
+/// namespaces a job gets, around `bash -c :`. Empty if it can; else why not,
+/// with bwrap's own words ("bwrap: No permissions to create new namespace…"
+/// where the kernel or a container forbids user namespaces). Blocks until
+/// bwrap exits (at most `timeout_ms`, then it is killed).
+std::string probe_isolation(const launcher_config& cfg, int timeout_ms = 10000);
 
 /// The script `bash -c` runs: the go gate, the command, the capture line.
 std::string launcher_script(const std::string& command);
