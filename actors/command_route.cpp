@@ -18,6 +18,15 @@ awaitable<result<protocol::shell_completion>> client_route::kill(job_id job) {
   co_return co_await c_->kill(std::move(job));
 }
 
+awaitable<result<std::vector<job_id>>> command_route::expire(job_id job) {
+  co_return error{errc::refused, "route '" + name() + "' cannot expire job '" + job.str() +
+                                     "'; the daemon keeps its record until its own bound"};
+}
+
+awaitable<result<std::vector<job_id>>> client_route::expire(job_id job) {
+  co_return co_await c_->expire(std::move(job));
+}
+
 bool sandbox_lease::extend_to(std::int64_t until_ms) {
   if (until_ms <= until_ms_) return false;
   until_ms_ = until_ms;
@@ -90,6 +99,11 @@ awaitable<result<protocol::shell_completion>> routed_channel::wait(job_id job) {
 awaitable<result<protocol::shell_completion>> routed_channel::kill(job_id job) {
   auto call = [job = std::move(job)](command_route& c) { return c.kill(job); };
   co_return co_await route<protocol::shell_completion>(std::move(call));
+}
+
+awaitable<result<std::vector<job_id>>> routed_channel::expire(job_id job) {
+  auto call = [job = std::move(job)](command_route& c) { return c.expire(job); };
+  co_return co_await route<std::vector<job_id>>(std::move(call));
 }
 
 }  // namespace tether::actors

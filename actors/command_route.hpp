@@ -29,6 +29,9 @@ class command_route {
   virtual awaitable<result<protocol::shell_completion>> wait(job_id job) = 0;
   /// Resolves once no process of the job is left (confirmed by the daemon).
   virtual awaitable<result<protocol::shell_completion>> kill(job_id job) = 0;
+  /// Lets the daemon drop a completed job's record: the host's terminal
+  /// receipt for it is durable. A route that cannot answers an error.
+  virtual awaitable<result<std::vector<job_id>>> expire(job_id job);
   /// How long one request on this route may take; the lease is extended to cover it.
   virtual std::optional<std::chrono::milliseconds> timeout() const { return std::nullopt; }
   /// Ends the route's connections: requests in flight complete with an error.
@@ -44,6 +47,7 @@ class client_route : public command_route {
   awaitable<result<wire::started_rep>> exec(wire::exec_req r) override;
   awaitable<result<protocol::shell_completion>> wait(job_id job) override;
   awaitable<result<protocol::shell_completion>> kill(job_id job) override;
+  awaitable<result<std::vector<job_id>>> expire(job_id job) override;
   void close() override { c_->close(); }
   sandbox_client& client() { return *c_; }
 
@@ -80,6 +84,7 @@ class routed_channel : public command_route {
   awaitable<result<wire::started_rep>> exec(wire::exec_req r) override;
   awaitable<result<protocol::shell_completion>> wait(job_id job) override;
   awaitable<result<protocol::shell_completion>> kill(job_id job) override;
+  awaitable<result<std::vector<job_id>>> expire(job_id job) override;
   void close() override {
     if (adapter_) adapter_->close();
     platform_->close();

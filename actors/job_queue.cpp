@@ -519,7 +519,7 @@ awaitable<void> job_queue::watch(job_id job, std::shared_ptr<runtime::one_shot<i
   co_await finish(job, terminal, std::move(*done), std::move(body));
 }
 
-awaitable<void> job_queue::finish(job_id job, owned_state terminal,
+awaitable<bool> job_queue::finish(job_id job, owned_state terminal,
                                   std::optional<protocol::shell_completion> c, std::string body,
                                   bool wake_after) {
   // The terminal transition is retried until it commits (or the queue
@@ -535,7 +535,7 @@ awaitable<void> job_queue::finish(job_id job, owned_state terminal,
       host_.warn(what + " was not written: " + won.error().message +
                  "; the host is shutting down, so the job stays live on disk for the next boot "
                  "to recover");
-      co_return;
+      co_return false;
     }
     host_.warn(what + " was not written: " + won.error().message +
                "; the job stays live and "
@@ -543,7 +543,7 @@ awaitable<void> job_queue::finish(job_id job, owned_state terminal,
   }
   // The first terminal transition won already: it ends the job's live entry
   // once its own receipt was handed over, not this one.
-  if (!*won) co_return;
+  if (!*won) co_return true;
   TETHER_CRASH_POINT("delivery.terminal.after_commit");
   if (opts_.trace) opts_.trace(job, "terminal");
   if (wake_after) {
@@ -573,8 +573,20 @@ awaitable<void> job_queue::finish(job_id job, owned_state terminal,
     host_.warn(what + " was not handed over: " + delivered.error().message +
                "; it stays pending and the hand-over is retried");
   }
+  co_await expire_record(job);
   // Handed over (or kept pending for the next boot): the turn may complete.
   end_live(job);
+  co_return true;
+}
+
+awaitable<void> job_queue::expire_record(job_id job) {
+  auto channel = channel_;
+  if (!channel || closing()) co_return;  // shutting down: the daemon's own bound applies
+  auto r = co_await channel->expire(job);
+  // Expired already, or never known: nothing is kept for it.
+  if (r || (r.error().answered && r.error().code == errc::not_found)) co_return;
+  host_.warn("job " + job.str() + ": its terminal receipt is written, but the sandbox kept its " +
+             "record (" + r.error().message + "); the daemon drops it after its own bound");
 }
 
 awaitable<bool> job_queue::retry_later(int attempt) {
@@ -884,6 +896,7 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   // followed again; what the daemon does not know is not run again. Receipts
   // are admitted without waking anyone: boot's phases resume the sessions.
   std::vector<owned_job> follow;
+  std::vector<job_id> settled;  // ended while the host was down: expired below
   for (auto& j : *live) {
     auto a = co_await ro->attach(j.id, 0);
     if (!a && a.error().code == errc::not_found) {
@@ -902,8 +915,9 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
     if (a->done) {
       auto body = protocol::render_notice(*a->done);
       auto terminal = terminal_of(*a->done);
-      co_await finish(j.id, terminal, std::move(*a->done), std::move(body), false);
+      bool durable = co_await finish(j.id, terminal, std::move(*a->done), std::move(body), false);
       ++rep.finished_while_down;
+      if (durable) settled.push_back(j.id);
       continue;
     }
     if (j.state == owned_state::admitted) {
@@ -923,6 +937,23 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
       rep.warnings.push_back(w);
       host_.warn(w);
     }
+  }
+
+  // The read-only connection cannot expire: the platform route does, once
+  // the terminal receipts are durable. A failure keeps the records (the
+  // daemon drops them after its own bound) and does not stop the boot.
+  if (!settled.empty()) {
+    auto opened = co_await open_route();
+    if (!opened) {
+      auto w = "recovery: the sandbox keeps the records of " + std::to_string(settled.size()) +
+               " job(s) that ended while the host was down, until its own bound: no route to "
+               "expire them (" +
+               opened.error().message + ")";
+      rep.warnings.push_back(w);
+      host_.warn(w);
+    }
+    for (auto& id : settled)
+      if (opened) co_await expire_record(id);
   }
 
   if (!follow.empty()) {

@@ -157,12 +157,17 @@ class job_queue {
   void spawn_watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started);
   /// Follows a job to its end; its completion is written once `started` is set.
   awaitable<void> watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started);
-  /// The terminal CAS and the delivery of its receipt.
+  /// The terminal CAS and the delivery of its receipt. True once a terminal
+  /// transition of the job is durable (this one or an earlier one).
   /// `wake_after` false (recovery): the receipt is admitted, nobody is woken.
-  awaitable<void> finish(job_id job, owned_state terminal,
+  awaitable<bool> finish(job_id job, owned_state terminal,
                          std::optional<protocol::shell_completion> c, std::string body,
                          bool wake_after = true);
   awaitable<result<bool>> deliver(persistence::receipt r, bool wake_after = true);
+  /// The job's terminal receipt is durable: the daemon may drop its record
+  /// (it keeps completed records for their host, up to a far bound). Through
+  /// the open route; without one, recovery expires what it settled.
+  awaitable<void> expire_record(job_id job);
   /// Pauses before retry `attempt` of a write that must not be given up;
   /// false once the queue closes (close() ends the pause at once).
   awaitable<bool> retry_later(int attempt);

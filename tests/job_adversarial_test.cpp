@@ -90,11 +90,13 @@ boost::asio::awaitable<std::vector<wire::job_summary>> daemon_jobs(std::string s
   co_return l->jobs;
 }
 
-// True while the daemon still runs `j`.
+// True while the daemon still runs `j` (one it no longer knows, expired by
+// its host after the terminal receipt, does not run).
 boost::asio::awaitable<bool> daemon_runs(std::string socket, job_id j) {
   auto c = co_await connect(socket, wire::conn_mode::read_only);
   auto p = co_await c->poll(j);
   INFO("poll " << j.str() << ": " << (p ? std::string("ok") : p.error().message));
+  if (!p && p.error().code == errc::not_found) co_return false;
   REQUIRE(p.has_value());
   c->close();
   co_return !p->has_value();
@@ -571,4 +573,37 @@ TEST_CASE(
   CHECK(d.f.boot.jobs.dropped == 0);
   settle_all(d);
   check_once("after the second restart");
+}
+
+TEST_CASE(
+    "a job that ended longer than the old grace before its host came back yields its true "
+    "receipt, and the host then expires the daemon's record",
+    "[adversarial]") {
+  delivery_fixture d("adv-down-long");
+  auto gate = d.fifo("gate");
+  launcher l;
+  l.install(d, "s", job("cat " + gate + "; echo built-while-down"));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "build")));
+  auto j = l.id(d);
+  REQUIRE(d.state_of(j) == owned_state::running);
+  d.f.close();
+
+  d.release(gate);
+  auto done = run(daemon_wait(d.daemon.socket(), j));
+  REQUIRE(done.status.exit_code == 0);
+  // The host stays down 23 s: the daemon restarts in between and sees it so.
+  d.daemon.stop();
+  age_completed_record(d.daemon.options().state_dir, j, 23'000);
+  d.daemon.start();
+
+  d.f.open();
+  CHECK(d.f.boot.jobs.finished_while_down == 1);
+  CHECK(d.f.boot.jobs.lost == 0);
+  settle_all(d);
+  CHECK(d.state_of(j) == owned_state::completed);
+  CHECK(d.receipt_state_of(j, transition::completed) == "acked");
+  CHECK(d.transcript_count("s", "notice", "built-while-down") == 1);
+  // The receipt is durable, so the daemon was told to drop its record.
+  CHECK(run(daemon_jobs(d.daemon.socket())).empty());
 }

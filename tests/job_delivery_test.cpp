@@ -30,6 +30,26 @@ TEST_CASE(
   CHECK(d.receipts(j).size() == 2);
 }
 
+TEST_CASE("once a job's terminal receipt is written its host expires the daemon's record",
+          "[delivery]") {
+  delivery_fixture d("expire");
+  launcher l;
+  l.install(d, "s", job("echo short-job"));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "build it")));
+  REQUIRE(d.sync(d.host().wait_idle(s)));
+  d.sync(d.host().jobs().wait_idle());
+  auto j = l.id(d);
+  CHECK(d.receipt_state_of(j, transition::completed) == "acked");
+  auto listed = [&]() -> boost::asio::awaitable<std::vector<wire::job_summary>> {
+    auto c = co_await connect(d.daemon.socket(), wire::conn_mode::read_only);
+    auto l = co_await c->list();
+    REQUIRE(l.has_value());
+    co_return l->jobs;
+  };
+  CHECK(run(listed()).empty());  // not kept for hours: its host has the receipt
+}
+
 TEST_CASE("with report_now a turn settles at once and the receipt arrives later as a prompt",
           "[delivery]") {
   delivery_fixture d("report-now");

@@ -1,5 +1,6 @@
 // `tether run`: the notice exactly as a model reads it, scrubbed, and the
 // failing stage's status as the exit code.
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <fstream>
@@ -88,5 +89,31 @@ TEST_CASE("tether run quotes each argument when given several, and runs one as a
   int st2 = run_process({tether, "run", "--", "echo one | tr o 0"}, &out2, env);
   REQUIRE(WIFEXITED(st2));
   CHECK_THAT(out2, Catch::Contains("| 0ne\n"));
+  stop_detached(state);
+}
+
+TEST_CASE("tether run --isolate says isolation is unavailable and why, and runs nothing",
+          "[sandbox]") {
+  scratch_dir dir("sbx-cli-nouserns");
+  std::string state = dir.file("state");
+  std::string fake = dir.file("bwrap");  // fails as bwrap does where user namespaces are forbidden
+  std::ofstream(fake) << "#!/bin/sh\n"
+                         "echo 'bwrap: No permissions to create new namespace, likely because the "
+                         "kernel does not allow non-privileged user namespaces.' >&2\n"
+                         "exit 1\n";
+  REQUIRE(::chmod(fake.c_str(), 0700) == 0);
+  std::string marker = dir.file("ran-marker");
+  // The error is on stderr: run through env(1) to set the environment.
+  auto r = run_captured({"/usr/bin/env", "TETHER_SANDBOX_DIR=" + state,
+                         "TETHER_SANDBOXD_BWRAP=" + fake, std::string(TETHER_BIN_DIR) + "/tether",
+                         "run", "--isolate", "--", "touch " + marker});
+  auto& out = r.output;
+  INFO(out);
+  CHECK(r.exit_code == 125);
+  CHECK_THAT(out, Catch::Contains("tether run: "));
+  CHECK_THAT(out, Catch::Contains("isolation was requested but is unavailable here"));
+  CHECK_THAT(out, Catch::Contains("bwrap: No permissions to create new namespace"));
+  CHECK_THAT(out, Catch::Contains("a job never runs unisolated in its place"));
+  CHECK_FALSE(std::filesystem::exists(marker));
   stop_detached(state);
 }

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "tether/protocol/json.hpp"
+
 namespace tether::test {
 
 void sandbox_daemon::crash() {
@@ -53,6 +55,21 @@ awaitable<protocol::shell_completion> run_to_end(sandbox_client& c, wire::exec_r
   INFO("wait '" << what << "': " << (done ? std::string("ok") : done.error().message));
   REQUIRE(done.has_value());
   co_return std::move(*done);
+}
+
+void age_completed_record(const std::string& state_dir, const protocol::job_id& job,
+                          std::int64_t ms) {
+  auto file = state_dir + "/jobs/" + job.str() + "/job.json";
+  std::ifstream in(file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto v = protocol::parse_json(text);
+  INFO(file << ": " << text);
+  REQUIRE(v.has_value());
+  auto* done = v->as_object().if_contains("done");
+  REQUIRE(done != nullptr);
+  auto& ended = done->as_object()["ended_at_ms"];
+  ended = ended.to_number<std::int64_t>() - ms;
+  std::ofstream(file, std::ios::trunc) << protocol::to_text(*v);
 }
 
 std::vector<int> live_group_members(int pgid) {

@@ -78,6 +78,11 @@ wire::exec_req command(std::string command, std::string cwd,
 /// exec, then wait for the completion; REQUIREs both succeed.
 awaitable<protocol::shell_completion> run_to_end(sandbox_client& c, wire::exec_req r);
 
+/// Moves a completed job's end `ms` further into the past in its record, as
+/// if it had ended that long ago (stop the daemon first; a start reads it).
+void age_completed_record(const std::string& state_dir, const protocol::job_id& job,
+                          std::int64_t ms);
+
 /// Non-zombie processes in process group `pgid`.
 std::vector<int> live_group_members(int pgid);
 

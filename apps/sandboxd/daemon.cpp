@@ -254,7 +254,9 @@ std::shared_ptr<job> daemon::find(const job_id& id) const {
 wire::error_rep daemon::not_found(const job_id& id) const {
   return {"not_found", "no job '" + id.str() + "' in sandbox '" + cfg_.id.sandbox_id +
                            "' generation " + std::to_string(cfg_.id.generation) +
-                           " (unknown here, or cleaned up after its grace period)"};
+                           " (unknown here, or expired: by its host once the host had written "
+                           "its terminal receipt, or " +
+                           std::to_string(cfg_.grace.count()) + " ms after it ended)"};
 }
 
 result<void> daemon::start() {
@@ -346,6 +348,19 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
     return wire::error_rep{"refused",
                            "isolation was requested but bwrap is not installed (Debian package "
                            "bubblewrap); nothing was started"};
+  if (r.isolate && !isolation_problem_) {
+    // Once per daemon: where the kernel or a container forbids user
+    // namespaces, bwrap fails for every job, so a job would "fail" with
+    // bwrap's words in its output. Say so up front instead.
+    isolation_problem_ = probe_isolation(cfg_.tools);
+    log(isolation_problem_->empty() ? "isolation with " + cfg_.tools.bwrap + " works here"
+                                    : "isolation is unavailable: " + *isolation_problem_);
+  }
+  if (r.isolate && !isolation_problem_->empty())
+    return wire::error_rep{
+        "refused", "isolation was requested but is unavailable here: " + *isolation_problem_ +
+                       "; nothing was started (a job never runs unisolated "
+                       "in its place)"};
   struct stat st;
   if (::stat(r.cwd.c_str(), &st) != 0)
     return wire::error_rep{"invalid", "cwd '" + r.cwd + "' cannot be used (" +
@@ -382,8 +397,14 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
   if (ec)
     return wire::error_rep{
         "io", "cannot create " + j->dir.string() + ": " + ec.message() + "; nothing was started"};
-  if (auto w = write_record(j->dir, rec); !w)
-    return wire::error_rep{"io", w.error().message + "; nothing was started"};
+  // The record, and the job directory's entry in jobs/, are durable before
+  // anything is spawned: after a power cut the job is known, never lost.
+  auto recorded = write_record(j->dir, rec);
+  if (recorded) recorded = sync_dir(j->dir.parent_path());
+  if (!recorded) {
+    fs::remove_all(j->dir, ec);
+    return wire::error_rep{"io", recorded.error().message + "; nothing was started"};
+  }
   TETHER_CRASH_POINT("sandboxd.job_recorded");
   j->out_file = ::open((j->dir / "output").c_str(),
                        O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -397,10 +418,24 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
   j->pidfd = sp.ok->pidfd;
   j->output_fd = sp.ok->output_fd;
   j->is_child = true;
+  int go_fd = sp.ok->go_fd;
   rec.pid = sp.ok->pid;
   rec.pid_start = sp.ok->start_time;
   rec.state = "running";
-  if (auto w = write_record(j->dir, rec); !w) log("job " + rec.job + ": " + w.error().message);
+  // The shell waits at its go gate: until the `running` record is durable,
+  // a crash here leaves a job recorded `starting` and a shell that exits
+  // without running the command when the gate's pipe closes with us.
+  TETHER_CRASH_POINT("sandboxd.job_spawned_unrecorded");
+  if (auto w = write_record(j->dir, rec); !w) {
+    ::close(go_fd);  // the shell exits at its gate
+    ::kill(-static_cast<pid_t>(rec.pid), SIGKILL);
+    reap(j->pidfd);
+    fs::remove_all(j->dir, ec);
+    return wire::error_rep{"io", w.error().message + "; the command was not run"};
+  }
+  if (!release(go_fd))
+    log("job " + rec.job + ": cannot open its shell's go gate: " + std::strerror(errno) +
+        "; the shell exits without running the command, and the job ends with its status");
   TETHER_CRASH_POINT("sandboxd.job_spawned");
   jobs_[id.str()] = j;
   ++revision_;
@@ -550,7 +585,11 @@ void daemon::arm_grace(std::shared_ptr<job> j, std::chrono::milliseconds after) 
   std::weak_ptr<job> weak = j;
   j->grace.async_wait([this, weak](boost::system::error_code ec) {
     if (ec) return;
-    if (auto jj = weak.lock(); jj && !jj->expired) erase(jj->rec.job);
+    auto jj = weak.lock();
+    if (!jj || jj->expired) return;
+    log("job " + jj->rec.job + ": no host expired it within --grace-ms " +
+        std::to_string(cfg_.grace.count()) + " after it ended; its record was removed");
+    erase(jj->rec.job);
   });
 }
 
@@ -705,12 +744,33 @@ result<void> daemon::recover() {
   if (ec) return error{errc::io, "cannot create " + root.string() + ": " + ec.message()};
   for (auto& entry : fs::directory_iterator(root, ec)) {
     if (!entry.is_directory()) continue;
+    const auto name = entry.path().filename().string();
+    // A temp is never a record: the rename is the commit. One holding bytes
+    // is a write a crash cut short (or finished but did not rename).
+    std::vector<std::string> torn;
+    for (auto& t : leftover_temps(entry.path())) {
+      std::error_code rec_ec;
+      auto size = fs::file_size(t, rec_ec);
+      fs::remove(t, rec_ec);
+      torn.push_back(t.filename().string() + " (" + std::to_string(rec_ec ? 0 : size) + " bytes)");
+    }
     auto rec = read_record(entry.path());
+    auto said = [&](const std::string& kept) {
+      if (torn.empty()) return;
+      std::string list;
+      for (auto& t : torn) list += (list.empty() ? "" : ", ") + t;
+      log("job " + name + ": removed " + list +
+          ", a record write the daemon did not finish before it stopped; " + kept);
+    };
     if (!rec && rec.error().code == errc::not_found) {
       // Created, but the record never landed: nothing was started for it.
+      said(
+          "no record of the job had been written, so nothing was started for it and its "
+          "directory was removed");
       fs::remove_all(entry.path(), ec);
       continue;
     }
+    if (rec) said("the previous record (state " + rec->state + ") was kept");
     if (!rec)
       return error{rec.error().code,
                    "refusing to start: " + rec.error().message + "; nothing was changed"};
@@ -731,8 +791,17 @@ result<void> daemon::recover() {
     const std::string id = j->rec.job;
     jobs_[id] = j;
     if (j->rec.done) {
-      auto left = j->rec.done->ended_at_ms + cfg_.grace.count() - now_ms();
-      arm_grace(j, std::chrono::milliseconds(std::max<std::int64_t>(0, left)));
+      // Kept for its host, which expires it once its receipt is durable; a
+      // record past the far bound was never expired by anyone and goes now.
+      auto ago = now_ms() - j->rec.done->ended_at_ms;
+      if (ago >= cfg_.grace.count()) {
+        log("job " + id + " ended " + std::to_string(ago / 1000) +
+            " s ago and no host expired it " + "within --grace-ms " +
+            std::to_string(cfg_.grace.count()) + "; its record was removed");
+        erase(id);
+        continue;
+      }
+      arm_grace(j, std::chrono::milliseconds(cfg_.grace.count() - ago));
       continue;
     }
     if (j->rec.state == "starting") {

@@ -37,7 +37,10 @@ using protocol::job_id;
 struct daemon_config {
   fs::path state_dir;
   identity id;
-  std::chrono::milliseconds grace{20000};     // completed jobs stay this long
+  // A completed job's record stays until a host expires it (once the host's
+  // terminal receipt is durable), or at most this long after it ended: a host
+  // down for hours still finds how its jobs ended.
+  std::chrono::milliseconds grace{std::chrono::hours(6)};
   std::chrono::milliseconds kill_wait{5000};  // TERM → KILL escalation
   std::chrono::milliseconds idle_exit{0};     // 0: never exit when idle
   std::size_t retain_bytes = protocol::head_tail::k_default_limit;
@@ -118,6 +121,9 @@ class daemon {
   int connections_ = 0;
   std::chrono::steady_clock::time_point last_activity_;
   bool stopping_ = false;
+  // Empty once bwrap proved it can isolate a job here; else why it cannot.
+  // Probed at the first isolated exec.
+  std::optional<std::string> isolation_problem_;
   // Output is scrubbed here, off the thread that serves connections: a job
   // printing hostile text slows its own output, not other clients.
   asio::thread_pool scrub_pool_{1};

@@ -25,28 +25,71 @@ std::int64_t now_ms() {
       .count();
 }
 
+int file_ops::open(const char* path, int flags, mode_t mode) {
+  return ::open(path, flags, mode);
+}
+ssize_t file_ops::write(int fd, const void* data, std::size_t n) {
+  return ::write(fd, data, n);
+}
+int file_ops::fsync(int fd) {
+  return ::fsync(fd);
+}
+int file_ops::close(int fd) {
+  return ::close(fd);
+}
+int file_ops::rename(const char* from, const char* to) {
+  return ::rename(from, to);
+}
+
+file_ops& system_file_ops() {
+  static file_ops ops;
+  return ops;
+}
+
 namespace {
-// Writes `content` to the open `fd` of `tmp`, closes it, and renames tmp to p.
-result<void> finish_atomic(int fd, const fs::path& tmp, const fs::path& p,
+// Writes `content` to the open `fd` of `tmp`, syncs and closes it, renames tmp
+// to p and syncs p's directory. Every step must succeed before the next: a
+// rename of a temp whose bytes are not yet durable could leave an empty or
+// torn record after a power cut.
+result<void> finish_atomic(file_ops& ops, int fd, const fs::path& tmp, const fs::path& p,
                            std::string_view content) {
+  auto fail = [&](const std::string& what) {
+    int e = errno;
+    ops.close(fd);
+    return error{errc::io, "cannot " + what + " " + tmp.string() + ": " + std::strerror(e) + "; " +
+                               p.string() + " was left as it was"};
+  };
   std::size_t off = 0;
   while (off < content.size()) {
-    ssize_t n = ::write(fd, content.data() + off, content.size() - off);
+    ssize_t n = ops.write(fd, content.data() + off, content.size() - off);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int e = errno;
-      ::close(fd);
-      return error{errc::io, "cannot write " + tmp.string() + ": " + std::strerror(e)};
-    }
+    if (n < 0) return fail("write");
     off += static_cast<std::size_t>(n);
   }
-  ::close(fd);
-  if (::rename(tmp.c_str(), p.c_str()) != 0)
+  if (ops.fsync(fd) != 0) return fail("sync");
+  ops.close(fd);
+  if (ops.rename(tmp.c_str(), p.c_str()) != 0)
     return error{errc::io, "cannot rename " + tmp.string() + " to " + p.string() + ": " +
-                               std::strerror(errno)};
+                               std::strerror(errno) + "; " + p.string() + " was left as it was"};
+  auto dir = p.parent_path();
+  if (auto s = sync_dir(dir.empty() ? fs::path(".") : dir, ops); !s)
+    return error{errc::io, s.error().message + "; " + p.string() +
+                               " was replaced, but may not survive a power loss"};
   return {};
 }
 }  // namespace
+
+result<void> sync_dir(const fs::path& dir, file_ops& ops) {
+  int fd = ops.open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+  if (fd < 0) return error{errc::io, "cannot open " + dir.string() + ": " + std::strerror(errno)};
+  if (ops.fsync(fd) != 0) {
+    int e = errno;
+    ops.close(fd);
+    return error{errc::io, "cannot sync " + dir.string() + ": " + std::strerror(e)};
+  }
+  ops.close(fd);
+  return {};
+}
 
 std::error_code make_private_dir(const fs::path& dir) {
   if (::mkdir(dir.c_str(), 0700) == 0) return {};
@@ -55,12 +98,12 @@ std::error_code make_private_dir(const fs::path& dir) {
   return {};
 }
 
-result<void> write_file_atomic(const fs::path& p, std::string_view content) {
+result<void> write_file_atomic(const fs::path& p, std::string_view content, file_ops& ops) {
   fs::path tmp = p;
   tmp += ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int fd = ops.open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return error{errc::io, "cannot create " + tmp.string() + ": " + std::strerror(errno)};
-  return finish_atomic(fd, tmp, p, content);
+  return finish_atomic(ops, fd, tmp, p, content);
 }
 
 result<std::string> read_file(const fs::path& p) {
@@ -134,7 +177,7 @@ result<identity> load_identity(const fs::path& dir, const std::string& wanted_id
   return id;
 }
 
-result<void> write_record(const fs::path& job_dir, const job_record& r) {
+result<void> write_record(const fs::path& job_dir, const job_record& r, file_ops& ops) {
   json::object o{{"job", r.job},
                  {"command", r.command},
                  {"cwd", r.cwd},
@@ -159,10 +202,24 @@ result<void> write_record(const fs::path& job_dir, const job_record& r) {
   // A temp made ahead by the slot pool, while one is left: no entry to create.
   for (int k = 0; k < slot_pool::k_record_spares; ++k) {
     fs::path spare = job_dir / ("job.json.tmp." + std::to_string(k));
-    int fd = ::open(spare.c_str(), O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
-    if (fd >= 0) return finish_atomic(fd, spare, job_dir / "job.json", text);
+    int fd = ops.open(spare.c_str(), O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd >= 0) return finish_atomic(ops, fd, spare, job_dir / "job.json", text);
   }
-  return write_file_atomic(job_dir / "job.json", text);
+  return write_file_atomic(job_dir / "job.json", text, ops);
+}
+
+std::vector<fs::path> leftover_temps(const fs::path& job_dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(job_dir, ec)) {
+    auto name = e.path().filename().string();
+    bool temp =
+        name == "job.json.tmp" || name == "output.tmp" || name.rfind("job.json.tmp.", 0) == 0;
+    // The slot pool's spares are made empty; one holding bytes was written to.
+    std::error_code sec;
+    if (temp && e.is_regular_file(sec) && e.file_size(sec) > 0 && !sec) out.push_back(e.path());
+  }
+  return out;
 }
 
 result<job_record> read_record(const fs::path& job_dir) {

@@ -11,6 +11,13 @@
 // The capture is unavailable when the command ends the shell itself (`exit`,
 // `exec`, a syntax error, an unterminated here-document, a trailing `\`) or the
 // shell is killed; the notice then says the status is the shell's only.
+//
+// The go gate: before the command, the script reads one byte from fd 62, a
+// pipe whose write end only the daemon holds (spawned::go_fd), and exits 125
+// without running anything unless it reads "g". The daemon writes it once the
+// job's `running` record is durable, so a daemon that dies between spawning
+// and recording leaves no command running untracked: the pipe closes with it
+// and the shell exits.
 #include <sys/types.h>
 
 #include <cstdint>
@@ -34,6 +41,7 @@ struct spawned {
   pid_t pid = -1;                // the shell (or bwrap), leader of its own process group
   int output_fd = -1;            // read end of stdout+stderr, non-blocking, close-on-exec
   int pidfd = -1;                // readable once `pid` exits
+  int go_fd = -1;                // write end of the go gate, close-on-exec (see release())
   std::uint64_t start_time = 0;  // /proc/<pid>/stat starttime, to recognise the pid later
 };
 
@@ -42,11 +50,24 @@ struct launcher_config {
   std::string bwrap;  // empty: isolation unavailable
 };
 
-/// Finds bash and bwrap on PATH.
+/// Finds bash and bwrap on PATH; $TETHER_SANDBOXD_BWRAP, when set, names
+/// the bwrap to use instead (tests point it at one that fails).
 launcher_config find_tools();
 
-/// The script `bash -c` runs: the command plus the capture line.
+/// Whether bwrap can set up a job's isolation here: runs it once with the
+/// namespaces a job gets, around `bash -c :`. Empty if it can; else why not,
+/// with bwrap's own words ("bwrap: No permissions to create new namespace…"
+/// where the kernel or a container forbids user namespaces). Blocks until
+/// bwrap exits (at most `timeout_ms`, then it is killed).
+std::string probe_isolation(const launcher_config& cfg, int timeout_ms = 10000);
+
+/// The script `bash -c` runs: the go gate, the command, the capture line.
 std::string launcher_script(const std::string& command);
+
+/// Opens the go gate: the shell runs its command. Closes `go_fd` (sets it to
+/// -1) either way; false with errno if the byte could not be written (the
+/// shell is gone, or will exit without running the command).
+bool release(int& go_fd);
 
 /// Starts the job. Errors are returned as text naming what failed.
 struct spawn_result {

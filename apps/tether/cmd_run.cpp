@@ -64,7 +64,13 @@ boost::asio::awaitable<result<protocol::shell_completion>> run_job(std::string s
   if (!c) co_return c.error();
   auto started = co_await (*c)->exec(std::move(req));
   if (!started) co_return started.error();
-  co_return co_await (*c)->wait(started->job);
+  auto done = co_await (*c)->wait(started->job);
+  // Read: the daemon need not keep the job's record for anyone any more.
+  if (done)
+    if (auto e = co_await (*c)->expire(started->job); !e)
+      std::fprintf(stderr, "tether run: the sandbox kept the record of job %s (%s)\n",
+                   started->job.str().c_str(), e.error().message.c_str());
+  co_return done;
 }
 
 int run(const args& a) {
