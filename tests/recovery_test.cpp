@@ -118,3 +118,41 @@ TEST_CASE(
   REQUIRE(*child);
   CHECK_FALSE((*child)->time_suspended);
 }
+
+namespace {
+
+// Whether a warning containing every one of `parts` was logged.
+bool warned(report_fixture& f, std::initializer_list<std::string> parts) {
+  std::lock_guard lk(f.m);
+  for (auto& w : f.warnings) {
+    bool all = true;
+    for (auto& p : parts) all = all && w.find(p) != std::string::npos;
+    if (all) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("a settled report whose delivery fails reaches its parent while the host runs",
+          "[recovery][regression]") {
+  report_fixture f("recovery-deliver-retry");
+  f.code("child")->fn = [](agent_context& ctx, drain_input) -> boost::asio::awaitable<void> {
+    co_await ctx.say("the answer");
+  };
+  // The next COMMIT after the child's settle is its report's admit: it fails.
+  std::atomic<bool> injected{false};
+  f.observer->on_settled = [&](const session_id& s) {
+    if (s.str() == "child" && !injected.exchange(true))
+      f.host->store().db_writer().inject_commit_failures(1);
+  };
+  f.parent_spawns("child");
+  f.quiet();
+  CHECK(injected);
+  CHECK(f.host->store().db_writer().stats().failed_commits == 1);
+  CHECK(bodies_with(f, "parent", "the answer") == 1);  // delivered now, not at the next boot
+  auto jobs = f.host->store().jobs();
+  REQUIRE(jobs);
+  CHECK(jobs->empty());
+  CHECK(warned(f, {"the delivery is retried"}));
+}
