@@ -1,5 +1,6 @@
 #include "tether/actors/host.hpp"
 
+#include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -272,7 +273,10 @@ awaitable<result<void>> host::deliver(session_id parent,
     co_return co_await store_->complete(std::move(nids), false);
   }
   if (!admitted) co_return admitted.error();
-  TETHER_CRASH_POINT("report.admit.after_commit");
+  // Only an admit that added a report passes this point: a retried delivery
+  // whose reports were all admitted already (repeats dropped) does not.
+  if (std::find(admitted->begin(), admitted->end(), true) != admitted->end())
+    TETHER_CRASH_POINT("report.admit.after_commit");
   auto c = co_await store_->complete(std::move(nids));
   if (!c) co_return c.error();
   TETHER_CRASH_POINT("report.complete.after_commit");
@@ -375,6 +379,65 @@ awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
   if (chunks > 0) co_await all_done->async_wait(asio::use_awaitable);
 }
 
+awaitable<bool> host::resume_inbox_period(persistence::session_row s, boot_report& rep) {
+  auto attempts = co_await store_->bump_resume(s.id);
+  if (!attempts) {
+    // The claim stays: the next boot looks again; nothing was released.
+    std::string w = "boot: resuming " + s.id.str() + ": " + attempts.error().message +
+                    "; its claim was kept for the next boot";
+    rep.warnings.push_back(w);
+    warn(w);
+    ++rep.kept;
+    co_return false;
+  }
+  TETHER_CRASH_POINT("boot.resume_inbox.after_count");
+  if (*attempts <= opts_.resume_budget) co_return true;
+  // Out of resumes: the period reports an error instead of running again.
+  ++rep.exhausted;
+  persistence::settle_request req;
+  req.child = s.id;
+  req.outcome = protocol::report_state::error;
+  req.input_cursor = s.input_cursor;
+  req.description = s.description;
+  bool deliverable = s.parent && s.notify.value_or(true);
+  std::optional<notification_id> nid;
+  if (deliverable) {
+    nid = notification_id(protocol::mint("msg"));
+    req.mint_none = nid;
+    req.parent = s.parent;
+    req.body = protocol::render_report(s.id, protocol::report_state::error, s.description,
+                                       "Subagent failed: resume budget of " +
+                                           std::to_string(opts_.resume_budget) +
+                                           " exhausted after a restart");
+  }
+  auto body = req.body;
+  auto settled = co_await store_->settle(std::move(req));
+  if (!settled) {
+    std::string w = "boot: settling " + s.id.str() +
+                    " after its resume budget ran out: " + settled.error().message +
+                    "; its claim was kept for the next boot";
+    rep.warnings.push_back(w);
+    warn(w);
+    ++rep.kept;
+    co_return false;
+  }
+  TETHER_CRASH_POINT("boot.exhausted.after_settle");
+  if (settled->row_written && nid) {
+    std::vector<persistence::report_item> items{{*nid, s.id, std::move(body)}};
+    auto d = co_await deliver(*s.parent, std::move(items));
+    if (d) {
+      ++rep.delivered;
+    } else {
+      std::string w = "boot: report " + nid->str() + " to " + s.parent->str() +
+                      " not delivered: " + d.error().message + "; the row was kept";
+      rep.warnings.push_back(w);
+      warn(w);
+      ++rep.kept;
+    }
+  }
+  co_return false;
+}
+
 awaitable<result<boot_report>> host::boot() {
   auto shared_rep = std::make_shared<boot_report>();
   auto rep_m = std::make_shared<std::mutex>();
@@ -389,11 +452,17 @@ awaitable<result<boot_report>> host::boot() {
   auto recovered = co_await jobs_->recover();
   if (!recovered) co_return recovered.error();
   rep.jobs = std::move(*recovered);
+  TETHER_CRASH_POINT("boot.recover.after_jobs");
   auto sessions = store_->sessions();
   if (!sessions)
     co_return error{sessions.error().code, "refusing to boot: " + sessions.error().message};
   auto jobs = store_->jobs();
   if (!jobs) co_return error{jobs.error().code, "refusing to boot: " + jobs.error().message};
+  // Children whose claimed period was woken by their inbox: resumed below,
+  // never released (releasing would drop the report their settle owes).
+  auto woken = co_await store_->claims_woken_by_inbox();
+  if (!woken) co_return error{woken.error().code, "refusing to boot: " + woken.error().message};
+  std::set<session_id> woken_by_inbox(woken->begin(), woken->end());
   for (auto& s : *sessions) {
     std::lock_guard lk(m_);
     auto& i = directory_[s.id];
@@ -429,6 +498,7 @@ awaitable<result<boot_report>> host::boot() {
         ++rep.cleared;
         std::vector<notification_id> one{row.nid};
         co_await store_->complete(std::move(one), false);
+        TETHER_CRASH_POINT("boot.clear.after_commit");
         continue;
       }
       auto parent = *row.parent;
@@ -439,6 +509,7 @@ awaitable<result<boot_report>> host::boot() {
     auto counted = resumes.find(*row.child);
     if (counted == resumes.end()) {
       auto bumped = co_await store_->bump_resume(*row.child);
+      if (bumped) TETHER_CRASH_POINT("boot.resume.after_count");
       counted = resumes.emplace(*row.child, std::move(bumped)).first;
     }
     const auto& attempts = counted->second;
@@ -473,6 +544,7 @@ awaitable<result<boot_report>> host::boot() {
                                              " exhausted after a restart");
       auto body = req.body;
       auto settled = co_await store_->settle(std::move(req));
+      if (settled) TETHER_CRASH_POINT("boot.exhausted.after_settle");
       ++rep.exhausted;
       if (settled && settled->row_written && row.parent) {
         row.body = body;
@@ -501,6 +573,7 @@ awaitable<result<boot_report>> host::boot() {
       });
     }
     co_await all_done->async_wait(asio::use_awaitable);
+    TETHER_CRASH_POINT("boot.deliver.after_owed");
   }
 
   // Phases 2 and 3: resume suspended sessions, top-level first. A session
@@ -520,7 +593,13 @@ awaitable<result<boot_report>> host::boot() {
       bool pending = with_pending.count(s.id) > 0;
       bool suspended = s.time_suspended.has_value();
       bool owes_job = children_with_jobs.count(s.id) > 0;
-      if (suspended && !top && !owes_job) {
+      if (suspended && !top && !owes_job && woken_by_inbox.count(s.id)) {
+        // A child mid-turn with no job row whose period took only its inbox
+        // (a shell's notice, a report): the report its settle mints exists
+        // nowhere else, so the period resumes, counted against the budget.
+        auto resumed = co_await resume_inbox_period(s, rep);
+        if (!resumed) continue;
+      } else if (suspended && !top && !owes_job) {
         // A child mid-turn with no job row (seed §6, deferred): its claim is
         // released, as a foreground child whose parent retries.
         persistence::settle_request req;
@@ -528,6 +607,7 @@ awaitable<result<boot_report>> host::boot() {
         req.input_cursor = s.input_cursor;
         auto rel = co_await store_->settle(std::move(req));
         if (!rel) warn("boot: releasing the claim of " + s.id.str() + ": " + rel.error().message);
+        if (rel) TETHER_CRASH_POINT("boot.release.after_commit");
         suspended = false;
       }
       // A running job row whose busy period never began (the crash came
@@ -536,6 +616,7 @@ awaitable<result<boot_report>> host::boot() {
       auto sess = get(s.id);
       if (!sess) continue;
       wake(**sess, wake_scope::input, false);
+      TETHER_CRASH_POINT("boot.wake.after_tell");
       (phase == 2 ? rep.resumed_top : rep.resumed_children)++;
     }
   }

@@ -140,6 +140,11 @@ class host {
   /// failure keeps the rows and never aborts the sweep.
   awaitable<void> deliver_owed(session_id parent, std::vector<persistence::job_row> rows,
                                std::shared_ptr<boot_report> rep, std::shared_ptr<std::mutex> m);
+  /// Boot, for a claimed child whose period was woken by its inbox: counts
+  /// the resume; true when it may run again, false when its claim was kept
+  /// (a failed write) or it ran out of resumes (an error report was settled
+  /// and delivered in its place).
+  awaitable<bool> resume_inbox_period(persistence::session_row s, boot_report& rep);
 
   struct session_info {
     std::optional<session_id> parent;

@@ -740,12 +740,22 @@ awaitable<void> session::settle() {
   if (job)
     for (auto& r : job->joined_inline) r->set(job->background ? req.body : inline_body);
   if (job) job_.reset();
-  if (committed->row_written && nid && row_.parent) {
+  // The delivery is idempotent too (a repeated admit is dropped by its id):
+  // a failed one is retried while the host runs, so the report reaches the
+  // parent without waiting for a boot. A shutdown leaves the row for boot.
+  for (int attempt = 0; committed->row_written && nid && row_.parent; ++attempt) {
     auto body = req.body;
     std::vector<persistence::report_item> items{{*nid, id(), std::move(body)}};
     auto d = co_await host_.deliver(*row_.parent, std::move(items));
-    if (!d)
-      host_.warn("report " + nid->str() + ": " + d.error().message + "; the row stays for boot");
+    if (d) break;
+    if (stopping_) {
+      host_.warn("report " + nid->str() + ": " + d.error().message +
+                 "; the host is shutting down, so the row stays for boot");
+      break;
+    }
+    host_.warn("report " + nid->str() + ": " + d.error().message +
+               "; the row stays in the outbox and the delivery is retried");
+    co_await pause_before_retry(attempt);
   }
 }
 

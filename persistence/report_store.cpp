@@ -303,6 +303,29 @@ awaitable<result<void>> report_store::validate() {
   co_return co_await w_.write("validate persisted rows", 0, std::move(fn));
 }
 
+awaitable<result<std::vector<session_id>>> report_store::claims_woken_by_inbox() {
+  auto fn = [](SQLite::Database& db) {
+    // Inbox items reach the transcript as user 'report' or 'notice' messages
+    // (take_inbox); a prompt or steer past the cursor is a caller's input
+    // (a foreground call its parent retries), so that claim is released.
+    SQLite::Statement q(db,
+                        "SELECT s.id FROM sessions s WHERE s.time_suspended IS NOT NULL "
+                        "AND s.parent_id IS NOT NULL "
+                        "AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.child_id = s.id "
+                        "AND j.status = 'running') "
+                        "AND EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id "
+                        "AND m.seq > s.input_cursor AND m.role = 'user' "
+                        "AND m.kind IN ('report', 'notice')) "
+                        "AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id "
+                        "AND m.seq > s.input_cursor AND m.role = 'user' "
+                        "AND m.kind NOT IN ('report', 'notice')) ORDER BY s.id");
+    std::vector<session_id> out;
+    while (q.executeStep()) out.emplace_back(q.getColumn(0).getString());
+    return out;
+  };
+  co_return co_await w_.write("find claims woken by their inbox", 0, std::move(fn));
+}
+
 awaitable<result<void>> report_store::create_session(session_row row) {
   auto name = "create session " + row.id.str();
   auto fn = [row = std::move(row)](SQLite::Database& db) { insert_session(db, row); };

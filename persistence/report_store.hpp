@@ -135,6 +135,12 @@ class report_store : public report_reader {
   /// validate_rows() on the writer's connection (off the caller's executor):
   /// boot refuses to start on a row that does not validate.
   awaitable<result<void>> validate();
+  /// Children that hold a claim and owe no running job row, whose claimed
+  /// busy period took only inbox items (reports, shell or job notices) past
+  /// its input cursor: a period woken by its inbox, whose settle would have
+  /// minted the child's report. Boot resumes them instead of releasing the
+  /// claim. Read on the writer's connection (off the caller's executor).
+  awaitable<result<std::vector<session_id>>> claims_woken_by_inbox();
 
   // --- writes (each one request; answered after COMMIT) ---
   awaitable<result<void>> create_session(session_row row);

@@ -51,6 +51,8 @@ struct counting_observer : actors::run_observer {
   std::map<std::string, int> started_count, settled_count;
   std::map<std::string, std::vector<std::int64_t>> started_seqs;
   std::function<boost::asio::awaitable<void>(const session_id&)> on_settling;
+  // Called after a settle committed, before its report is delivered.
+  std::function<void(const session_id&)> on_settled;
 
   void started(const session_id& s, std::int64_t seq) override {
     std::lock_guard lk(m);
@@ -61,8 +63,11 @@ struct counting_observer : actors::run_observer {
     if (on_settling) co_await on_settling(s);
   }
   void settled(const session_id& s, std::optional<protocol::notification_id>) override {
-    std::lock_guard lk(m);
-    settled_count[s.str()]++;
+    {
+      std::lock_guard lk(m);
+      settled_count[s.str()]++;
+    }
+    if (on_settled) on_settled(s);
   }
   int started_of(const std::string& s) {
     std::lock_guard lk(m);

@@ -1,0 +1,158 @@
+// Recovery after a failed write: what a restart owes and delivers, and what
+// the running host does by itself once the fault clears.
+#include <atomic>
+
+#include "report_support.hpp"
+
+using namespace tether;
+using namespace tether::test;
+
+namespace {
+
+// A child that says "started" to its prompt and "final answer" to anything
+// its inbox brings (a shell's notice, a report); counts its drains.
+std::shared_ptr<std::atomic<int>> child_answers_its_inbox(report_fixture& f) {
+  auto drains = std::make_shared<std::atomic<int>>(0);
+  f.code("child")->fn = [drains](agent_context& ctx,
+                                 drain_input in) -> boost::asio::awaitable<void> {
+    ++*drains;
+    bool prompt = false, inbox = false;
+    for (auto& i : in.inputs) {
+      prompt |= i.kind == "prompt";
+      inbox |= i.kind == "report" || i.kind == "notice";
+    }
+    if (prompt) co_await ctx.say("started");
+    if (inbox) co_await ctx.say("final answer");
+  };
+  return drains;
+}
+
+// Admits one report into the child's inbox from outside (as a shell's exit
+// does) and wakes it.
+void report_into_child(report_fixture& f, const std::string& body) {
+  std::vector<persistence::report_item> items{
+      {protocol::notification_id(protocol::mint("msg")), std::nullopt, body}};
+  REQUIRE(f.sync(f.host->deliver(session_id("child"), std::move(items))));
+}
+
+int bodies_with(report_fixture& f, const std::string& s, const std::string& text) {
+  int n = 0;
+  for (auto& r : f.inbox(s)) n += r.body.find(text) != std::string::npos;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a restart after a child's settle failed past its inbox drain delivers the child's final "
+    "report exactly once",
+    "[recovery][regression]") {
+  report_fixture f("recovery-inbox-settle");
+  auto drains = child_answers_its_inbox(f);
+  // The child's second settle (the one after its inbox drain) fails, and
+  // keeps failing until the host has shut down.
+  std::atomic<int> settles{0};
+  auto failing = runtime::one_shot<int>::make();
+  f.observer->on_settling = [&](const session_id& s) -> boost::asio::awaitable<void> {
+    if (s.str() == "child" && ++settles == 2) {
+      f.host->store().db_writer().inject_commit_failures(1 << 20);
+      failing->set(1);
+    }
+    co_return;
+  };
+  f.parent_spawns("child");
+  REQUIRE(f.sync(f.host->wait_idle(session_id("parent"))));
+  f.quiet();  // the child's first report delivered
+  REQUIRE(bodies_with(f, "parent", "started") == 1);
+  report_into_child(f, "shell exited: 14 routes checked");
+  f.sync(failing->async_wait(boost::asio::use_awaitable));
+  // Shut down while the settle's retries fail: the claim stays on disk, the
+  // inbox item was already acknowledged into the child's transcript.
+  f.restart();
+  f.quiet();
+  CHECK(f.boot.resumed_children == 1);
+  CHECK(bodies_with(f, "parent", "final answer") == 1);
+  CHECK(bodies_with(f, "parent", "started") == 1);
+  CHECK(*drains == 3);  // the prompt, the inbox, and the inbox again after the restart
+  auto child = f.host->store().session(session_id("child"));
+  REQUIRE(child);
+  REQUIRE(*child);
+  CHECK_FALSE((*child)->time_suspended);
+  auto jobs = f.host->store().jobs();
+  REQUIRE(jobs);
+  CHECK(jobs->empty());
+  // A second restart owes nothing and delivers nothing again.
+  f.restart();
+  f.quiet();
+  CHECK(f.boot.resumed_children == 0);
+  CHECK(bodies_with(f, "parent", "final answer") == 1);
+}
+
+TEST_CASE(
+    "a child resumed for its inbox that runs out of resumes reports an error instead of being "
+    "released",
+    "[recovery][regression]") {
+  report_fixture f("recovery-inbox-budget", /*resume_budget=*/0);
+  child_answers_its_inbox(f);
+  std::atomic<int> settles{0};
+  auto failing = runtime::one_shot<int>::make();
+  f.observer->on_settling = [&](const session_id& s) -> boost::asio::awaitable<void> {
+    if (s.str() == "child" && ++settles == 2) {
+      f.host->store().db_writer().inject_commit_failures(1 << 20);
+      failing->set(1);
+    }
+    co_return;
+  };
+  f.parent_spawns("child");
+  REQUIRE(f.sync(f.host->wait_idle(session_id("parent"))));
+  f.quiet();  // the child's first report delivered
+  report_into_child(f, "shell exited");
+  f.sync(failing->async_wait(boost::asio::use_awaitable));
+  f.restart();
+  f.quiet();
+  CHECK(f.boot.exhausted == 1);
+  CHECK(f.boot.resumed_children == 0);
+  CHECK(bodies_with(f, "parent", "resume budget of 0 exhausted") == 1);
+  auto child = f.host->store().session(session_id("child"));
+  REQUIRE(child);
+  REQUIRE(*child);
+  CHECK_FALSE((*child)->time_suspended);
+}
+
+namespace {
+
+// Whether a warning containing every one of `parts` was logged.
+bool warned(report_fixture& f, std::initializer_list<std::string> parts) {
+  std::lock_guard lk(f.m);
+  for (auto& w : f.warnings) {
+    bool all = true;
+    for (auto& p : parts) all = all && w.find(p) != std::string::npos;
+    if (all) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("a settled report whose delivery fails reaches its parent while the host runs",
+          "[recovery][regression]") {
+  report_fixture f("recovery-deliver-retry");
+  f.code("child")->fn = [](agent_context& ctx, drain_input) -> boost::asio::awaitable<void> {
+    co_await ctx.say("the answer");
+  };
+  // The next COMMIT after the child's settle is its report's admit: it fails.
+  std::atomic<bool> injected{false};
+  f.observer->on_settled = [&](const session_id& s) {
+    if (s.str() == "child" && !injected.exchange(true))
+      f.host->store().db_writer().inject_commit_failures(1);
+  };
+  f.parent_spawns("child");
+  f.quiet();
+  CHECK(injected);
+  CHECK(f.host->store().db_writer().stats().failed_commits == 1);
+  CHECK(bodies_with(f, "parent", "the answer") == 1);  // delivered now, not at the next boot
+  auto jobs = f.host->store().jobs();
+  REQUIRE(jobs);
+  CHECK(jobs->empty());
+  CHECK(warned(f, {"the delivery is retried"}));
+}
