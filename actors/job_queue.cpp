@@ -280,7 +280,8 @@ awaitable<result<void>> job_queue::open_route_once() {
     socket = h->socket_path;
   }
   if (closing()) co_return stopping_error();
-  auto c = co_await sandbox_client::connect(socket, wire::conn_mode::read_write, "tether host");
+  auto c = co_await sandbox_client::connect(socket, wire::conn_mode::read_write, "tether host",
+                                            opts_.client);
   if (!c) co_return c.error();
   if (closing()) co_return stopping_error();  // the client closes as it goes
   auto hello = (*c)->hello();
@@ -830,7 +831,8 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
                      std::to_string(j.scope.generation) + ", but no sandbox is configured");
     if (!ro) {
       auto c = co_await sandbox_client::connect(socket_path_for(opts_.sandbox_dir),
-                                                wire::conn_mode::read_only, "tether recovery");
+                                                wire::conn_mode::read_only, "tether recovery",
+                                                opts_.client);
       if (!c)
         co_return stop("ran on sandbox '" + j.scope.sandbox.str() + "' generation " +
                        std::to_string(j.scope.generation) + ", whose daemon cannot be reached (" +

@@ -490,6 +490,34 @@ TEST_CASE("a daemon that is gone while the host was down refuses the boot and ke
   CHECK_FALSE(run(daemon_answers(actors::socket_path_for(d.daemon.options().state_dir))));
 }
 
+TEST_CASE(
+    "recovery against a stopped daemon refuses the boot with a deadline error, and the boot "
+    "after it resumes follows the job",
+    "[adversarial][deadline]") {
+  delivery_fixture d("adv-stopped");
+  d.f.jobs.client.deadline = std::chrono::milliseconds(300);
+  d.f.jobs.client.heartbeat = std::chrono::milliseconds(100);
+  d.f.restart();
+  auto j = running_job_at_shutdown(d);
+  d.f.close();
+  d.daemon.pause();  // the read-only connect lands in the listen backlog; hello waits
+
+  auto e = d.f.refused_boot();
+  INFO("got " << to_string(e.code) << ": " << e.message);
+  CHECK(e.code == errc::refused);
+  CHECK_THAT(e.message, Contains("'" + j.str() + "'"));
+  CHECK_THAT(e.message, Contains("did not answer hello within 300 ms"));
+  CHECK_THAT(e.message, Contains("the outstanding owner was retained"));
+  CHECK(column_of(db_path(d), "owned_jobs", j.str(), "state") == "running");
+
+  d.daemon.resume();
+  idle_agent(d, "s");  // the launcher of the first turn is gone
+  d.f.open();
+  CHECK(d.f.boot.jobs.reattached == 1);
+  CHECK(d.state_of(j) == owned_state::running);
+  CHECK(run(daemon_runs(d.daemon.socket(), j)));
+}
+
 // ---- 5. no proven generation ----------------------------------------------------------------
 
 TEST_CASE("a saved owner with no proven sandbox generation refuses the boot", "[adversarial]") {

@@ -59,8 +59,9 @@ std::string command_text(const args& a, std::size_t from) {
 
 boost::asio::awaitable<result<protocol::shell_completion>> run_job(std::string socket,
                                                                    actors::wire::exec_req req) {
-  auto c = co_await actors::sandbox_client::connect(socket, actors::wire::conn_mode::read_write,
-                                                    "tether run");
+  auto c =
+      co_await actors::sandbox_client::connect(socket, actors::wire::conn_mode::read_write,
+                                               "tether run", actors::client_options::from_env());
   if (!c) co_return c.error();
   auto started = co_await (*c)->exec(std::move(req));
   if (!started) co_return started.error();
