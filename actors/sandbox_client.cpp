@@ -659,10 +659,12 @@ result<protocol::shell_completion> sandbox_client::cleaned_up(const job_id& job,
   auto it = seen_.find(job.str());
   if (e.code != errc::not_found) return e;
   if (it == seen_.end() || it->second.out.total() == 0)
-    return error{errc::not_found, "job '" + job.str() +
-                                      "': the sandbox has no status for it and this client "
-                                      "captured no output; nothing is known about how it ended (" +
-                                      e.message + ")"};
+    return error{errc::not_found,
+                 "job '" + job.str() +
+                     "': the sandbox has no status for it and this client "
+                     "captured no output; nothing is known about how it ended (" +
+                     e.message + ")",
+                 e.answered};  // the daemon's own answer stays one
   auto& sn = it->second;
   protocol::shell_completion c;
   c.job = job.str();

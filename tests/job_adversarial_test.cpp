@@ -5,7 +5,9 @@
 // that finished while the host was down. Every job is a real process in a real
 // tether-sandboxd; rows are tampered with through SQLite on a closed database.
 #include <algorithm>
+#include <atomic>
 #include <fstream>
+#include <map>
 
 #include "delivery_support.hpp"
 #include "tether/protocol/scope.hpp"
@@ -599,4 +601,124 @@ TEST_CASE(
   CHECK(d.f.boot.jobs.dropped == 0);
   settle_all(d);
   check_once("after the second restart");
+}
+
+// ---- 7. transport failures are not lost jobs --------------------------------------------------
+
+namespace {
+
+// Counts the queue's trace stages; `hit` is set once `stage` was traced `n`
+// times, or at the first terminal transition (what a job written off too
+// early shows), whichever comes first. Only while armed.
+struct trace_waiter {
+  trace_waiter(std::string s, int count) : stage(std::move(s)), n(count) {}
+  std::string stage;
+  int n;
+  std::atomic<bool> armed{false};
+  std::mutex m;
+  std::map<std::string, int> seen;
+  std::shared_ptr<runtime::one_shot<std::string>> hit = runtime::one_shot<std::string>::make();
+
+  static void install(delivery_fixture& d, std::shared_ptr<trace_waiter> w) {
+    d.f.jobs.trace = [w](const job_id&, std::string_view s) {
+      if (!w->armed) return;
+      int c;
+      {
+        std::lock_guard lk(w->m);
+        c = ++w->seen[std::string(s)];
+      }
+      if ((s == w->stage && c >= w->n) || s == "terminal") w->hit->set(std::string(s));
+    };
+  }
+  std::string wait(delivery_fixture& d) {
+    return d.sync(hit->async_wait(boost::asio::use_awaitable));
+  }
+};
+
+void short_deadline(delivery_fixture& d) {
+  d.f.jobs.client.deadline = std::chrono::milliseconds(300);
+  d.f.jobs.client.heartbeat = std::chrono::milliseconds(100);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "an exec the stopped daemon never answered is sent again once it resumes: the job runs "
+    "once and is never written lost",
+    "[adversarial][reconnect]") {
+  delivery_fixture d("adv-exec-retry");
+  auto w = std::make_shared<trace_waiter>("dispatch_retry", 2);
+  trace_waiter::install(d, w);
+  short_deadline(d);
+  d.f.restart();
+  // A first job opens the platform route.
+  launcher warm;
+  warm.install(d, "warm", job("true"));
+  auto sw = d.session("warm");
+  REQUIRE(d.sync(d.host().prompt(sw, "go")));
+  warm.id(d);
+  settle_all(d);
+
+  auto side = d.work + "/side-effect";
+  launcher l;
+  l.install(d, "s", job("echo ran >> " + side));
+  auto s = d.session("s");
+  w->armed = true;
+  d.daemon.pause();  // the exec is written to the socket; nothing answers it
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  auto stage = w->wait(d);
+  INFO("expected the unanswered exec to be sent again, not the job settled");
+  CHECK(stage == "dispatch_retry");
+
+  d.daemon.resume();
+  auto j = l.id(d);
+  settle_all(d);
+  CHECK(d.state_of(j) == owned_state::completed);
+  CHECK(d.receipt_state_of(j, transition::completed) != "none");
+  CHECK(d.receipt_state_of(j, transition::lost) == "none");
+  CHECK(lines_in(side) == 1);  // sent more than once, run once
+  CHECK(warned(d, j.str(), "the exec is sent again"));
+}
+
+TEST_CASE(
+    "a follow whose daemon went away reconnects with backoff until it is back, and the job is "
+    "never written lost",
+    "[adversarial][reconnect]") {
+  delivery_fixture d("adv-follow-retry");
+  auto w = std::make_shared<trace_waiter>("follow_retry", 3);
+  trace_waiter::install(d, w);
+  d.f.restart();
+  auto gate = d.fifo("gate");
+  launcher l;
+  l.install(d, "s", job("cat " + gate));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  auto j = l.id(d);
+  REQUIRE(d.state_of(j) == owned_state::running);
+
+  w->armed = true;
+  d.daemon.crash();  // the connection drops; the job's process lives on
+  auto stage = w->wait(d);
+  INFO("expected the follow to keep reconnecting while no daemon answers");
+  CHECK(stage == "follow_retry");
+
+  d.daemon.start();  // the same sandbox and generation finds the job by its pid
+  d.release(gate);
+  settle_all(d);
+  CHECK(d.state_of(j) == owned_state::completed);
+  CHECK(d.receipt_state_of(j, transition::lost) == "none");
+  CHECK(warned(d, j.str(), "a failed connection is not a failed job"));
+}
+
+TEST_CASE("the daemon's answer that a followed job is gone keeps its 'answered' mark",
+          "[adversarial][reconnect]") {
+  sandbox_daemon daemon("adv-answered");
+  auto r =
+      run([](std::string socket) -> boost::asio::awaitable<result<protocol::shell_completion>> {
+        auto c = co_await connect(socket);
+        co_return co_await c->wait(job_id("job-nobody-knows"));
+      }(daemon.socket()));
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == errc::not_found);
+  CHECK(r.error().answered);
 }
