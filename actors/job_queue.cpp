@@ -286,6 +286,25 @@ awaitable<result<void>> job_queue::open_route_once() {
   if (closing()) co_return stopping_error();  // the client closes as it goes
   auto hello = (*c)->hello();
   {
+    // A reconnect must reach the sandbox and generation the queue's jobs run
+    // on: a daemon serving another sandbox, or a replaced (newer) generation,
+    // does not know them, and binding it would make their receipts stale.
+    std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> was;
+    {
+      std::lock_guard lk(m_);
+      was = sandbox_;
+    }
+    if (was && (was->first != hello.sandbox || was->second != hello.generation))
+      co_return error{errc::conflict,
+                      "the sandbox daemon at " + socket + " now answers as sandbox '" +
+                          hello.sandbox.str() + "' generation " + std::to_string(hello.generation) +
+                          ", not sandbox '" + was->first.str() + "' generation " +
+                          std::to_string(was->second) +
+                          " that this host's jobs run on; the route was refused, nothing was "
+                          "sent to it and the host stays bound to generation " +
+                          std::to_string(was->second)};
+  }
+  {
     // The platform route must reach the generation recovery proved, if any.
     auto bound = store_.bound_generation(hello.sandbox);
     if (!bound) co_return bound.error();
@@ -559,6 +578,16 @@ awaitable<void> job_queue::watch(job_id job, std::shared_ptr<runtime::one_shot<i
   // daemon answers; only its answer can make the job lost.
   auto done = co_await follow(job);
   if (started) co_await started->async_wait(asio::use_awaitable);
+  if (!done && !done.error().answered && done.error().code == errc::conflict) {
+    // The daemon there is not the job's: its jobs are not attached to it,
+    // and nothing is known about how this one ended.
+    host_.warn("job " + job.str() + ": " + done.error().message +
+               ". The job was not attached to it: it stays as it is on disk, its receipts "
+               "pending, for the next boot to recover on its own sandbox generation (recovery "
+               "refuses to boot until that generation answers); no turn waits on it now");
+    end_live(job);
+    co_return;
+  }
   if (opts_.trace) opts_.trace(job, "completion");
   {
     std::lock_guard lk(m_);

@@ -722,3 +722,41 @@ TEST_CASE("the daemon's answer that a followed job is gone keeps its 'answered' 
   CHECK(r.error().code == errc::not_found);
   CHECK(r.error().answered);
 }
+
+// ---- 8. a live reconnect reaches another generation ------------------------------------------
+
+TEST_CASE(
+    "a live reconnect to a replaced daemon is refused: the followed job is not attached to the "
+    "new generation and stays running for the next boot",
+    "[adversarial][reconnect]") {
+  launcher l;  // outlives the host: the session keeps calling its agent
+  delivery_fixture d("adv-replaced-live");
+  l.install(d, "s", job("sleep 30"));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  auto j = l.id(d);
+  REQUIRE(d.state_of(j) == owned_state::running);
+  auto scope = scope_of_job(d, j);
+  replace_daemon(d);  // the follow's connection drops; the next daemon is generation + 1
+  auto now = run(hello_of(d.daemon.socket()));
+  REQUIRE(now.generation == scope.generation + 1);
+  settle_all(d);  // the follow gave up on the foreign daemon (or, wrongly, settled the job)
+
+  CHECK(d.state_of(j) == owned_state::running);
+  CHECK(d.receipt_state_of(j, transition::lost) == "none");
+  CHECK(warned(d, j.str(),
+               "now answers as sandbox '" + now.sandbox.str() + "' generation " +
+                   std::to_string(now.generation) + ", not sandbox '" + scope.sandbox.str() +
+                   "' generation " + std::to_string(scope.generation)));
+  CHECK(warned(d, j.str(), "was not attached to it"));
+  auto sb = d.host().jobs().sandbox();
+  REQUIRE(sb);
+  CHECK(sb->second == scope.generation);
+  CHECK(run(daemon_jobs(d.daemon.socket())).empty());
+
+  d.f.close();
+  // The host stays bound to the job's generation: its receipts are not made stale.
+  CHECK(column_of(db_path(d), "sandboxes", scope.sandbox.str(), "generation") ==
+        std::to_string(scope.generation));
+  CHECK(column_of(db_path(d), "owned_jobs", j.str(), "state") == "running");
+}
