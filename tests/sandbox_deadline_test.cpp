@@ -41,7 +41,14 @@ TEST_CASE("a stopped daemon makes hello a clear deadline error, and a retry once
   sandbox_daemon d("dl-hello");
   auto cwd = d.dir().path().string();
   d.pause();  // connect succeeds into the listen backlog; hello waits
-  auto first = run(dial(d.socket(), short_deadline()));
+  // (A client that did connect is closed here, so run() returns either way.)
+  auto first = run([&]() -> awaitable<result<wire::hello_rep>> {
+    auto c = co_await dial(d.socket(), short_deadline());
+    if (!c) co_return c.error();
+    auto h = (*c)->hello();
+    (*c)->close();
+    co_return h;
+  }());
   REQUIRE_FALSE(first.has_value());
   INFO(describe(first.error()));
   CHECK(first.error().code == errc::timeout);

@@ -65,7 +65,12 @@ boost::asio::awaitable<result<protocol::shell_completion>> run_job(std::string s
   if (!c) co_return c.error();
   auto started = co_await (*c)->exec(std::move(req));
   if (!started) co_return started.error();
-  co_return co_await (*c)->wait(started->job);
+  auto done = co_await (*c)->wait(started->job);
+  if (!done && !done.error().answered)
+    co_return error{done.error().code, done.error().message + "; job '" + started->job.str() +
+                                           "' was started, and the sandbox keeps it and its "
+                                           "status by that id"};
+  co_return done;
 }
 
 int run(const args& a) {
