@@ -280,10 +280,30 @@ awaitable<result<void>> job_queue::open_route_once() {
     socket = h->socket_path;
   }
   if (closing()) co_return stopping_error();
-  auto c = co_await sandbox_client::connect(socket, wire::conn_mode::read_write, "tether host");
+  auto c = co_await sandbox_client::connect(socket, wire::conn_mode::read_write, "tether host",
+                                            opts_.client);
   if (!c) co_return c.error();
   if (closing()) co_return stopping_error();  // the client closes as it goes
   auto hello = (*c)->hello();
+  {
+    // A reconnect must reach the sandbox and generation the queue's jobs run
+    // on: a daemon serving another sandbox, or a replaced (newer) generation,
+    // does not know them, and binding it would make their receipts stale.
+    std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> was;
+    {
+      std::lock_guard lk(m_);
+      was = sandbox_;
+    }
+    if (was && (was->first != hello.sandbox || was->second != hello.generation))
+      co_return error{errc::conflict,
+                      "the sandbox daemon at " + socket + " now answers as sandbox '" +
+                          hello.sandbox.str() + "' generation " + std::to_string(hello.generation) +
+                          ", not sandbox '" + was->first.str() + "' generation " +
+                          std::to_string(was->second) +
+                          " that this host's jobs run on; the route was refused, nothing was "
+                          "sent to it and the host stays bound to generation " +
+                          std::to_string(was->second)};
+  }
   {
     // The platform route must reach the generation recovery proved, if any.
     auto bound = store_.bound_generation(hello.sandbox);
@@ -415,7 +435,7 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
                                 : std::filesystem::current_path().string();
   er.env = std::move(env);
   er.job = id;
-  auto started = co_await channel->exec(std::move(er));
+  auto started = co_await dispatch(id, std::move(er));
   if (!started) {
     bool closing;
     {
@@ -433,11 +453,13 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
       auto notice = unknown_notice(id, j.preview, why);
       co_await finish(id, owned_state::failed, std::nullopt, std::move(notice));
     } else {
-      // No answer: it may or may not have started. Say so, never "failed".
-      auto why = "no route confirmed the exec (" + started.error().message +
-                 "); whether the command ran is unknown";
-      auto notice = unknown_notice(id, j.preview, why);
-      co_await finish(id, owned_state::lost, std::nullopt, std::move(notice));
+      // Not a transport failure (those are retried) and no answer: a reply
+      // the route could not read. Whether it started is unknown, and only
+      // the daemon may say it is lost: the job stays admitted on disk for
+      // the next boot's read-only recovery, and no turn waits on it.
+      host_.warn("job " + id.str() + ": its exec was not confirmed (" + started.error().message +
+                 "); it stays admitted for the next boot to recover");
+      end_live(id);
     }
     co_return started.error();
   }
@@ -477,20 +499,95 @@ void job_queue::spawn_watch(job_id job, std::shared_ptr<runtime::one_shot<int>> 
   asio::co_spawn(ex_, watch(job, std::move(started)), asio::bind_executor(ex_, std::move(on_end)));
 }
 
+awaitable<result<std::shared_ptr<routed_channel>>> job_queue::reconnect(
+    std::shared_ptr<routed_channel> failed, int attempt) {
+  if (failed && channel_ == failed) {
+    channel_->close();  // its other requests fail too, and reconnect
+    channel_.reset();
+  }
+  if (!co_await retry_later(attempt)) co_return stopping_error();
+  auto opened = co_await open_route();
+  if (!opened) co_return opened.error();
+  if (closing()) co_return stopping_error();
+  co_return channel_;
+}
+
+namespace {
+// A retry's warning: the first, then every tenth (a daemon down for long
+// does not flood the log).
+bool worth_warning(int attempt) {
+  return attempt % 10 == 0;
+}
+}  // namespace
+
+awaitable<result<wire::started_rep>> job_queue::dispatch(job_id job, wire::exec_req er) {
+  auto channel = channel_;
+  for (int attempt = 0;; ++attempt) {
+    if (channel) {
+      auto once = er;
+      auto started = co_await channel->exec(std::move(once));
+      if (started || !is_infrastructure_failure(started.error()) || closing()) co_return started;
+      if (worth_warning(attempt))
+        host_.warn("job " + job.str() + ": no route confirmed its exec (" +
+                   started.error().message +
+                   "); it may have started, so it stays admitted and the exec is sent again "
+                   "(idempotent by job id) once the sandbox answers");
+    }
+    if (opts_.trace) opts_.trace(job, "dispatch_retry");
+    auto again = co_await reconnect(channel, attempt);
+    channel.reset();
+    if (again) {
+      channel = std::move(*again);
+      continue;
+    }
+    if (closing() || again.error().code == errc::conflict) co_return again.error();
+    if (worth_warning(attempt))
+      host_.warn("job " + job.str() + ": no route to the sandbox (" + again.error().message +
+                 "); the exec is retried");
+  }
+}
+
+awaitable<result<protocol::shell_completion>> job_queue::follow(job_id job) {
+  auto channel = channel_;
+  for (int attempt = 0;; ++attempt) {
+    if (channel) {
+      auto done = co_await channel->wait(job);
+      if (done || !is_infrastructure_failure(done.error()) || closing()) co_return done;
+      if (worth_warning(attempt))
+        host_.warn("job " + job.str() + ": following it failed (" + done.error().message +
+                   "); a failed connection is not a failed job: the queue reconnects to the "
+                   "same sandbox and generation and follows it again");
+    }
+    if (opts_.trace) opts_.trace(job, "follow_retry");
+    auto again = co_await reconnect(channel, attempt);
+    channel.reset();
+    if (again) {
+      channel = std::move(*again);
+      continue;
+    }
+    if (closing() || again.error().code == errc::conflict) co_return again.error();
+    if (worth_warning(attempt))
+      host_.warn("job " + job.str() + ": no route to the sandbox (" + again.error().message +
+                 "); following it is retried");
+  }
+}
+
 awaitable<void> job_queue::watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started) {
   gate_guard gate{this};  // entered by the spawner
-  auto channel = channel_;
-  auto done = co_await channel->wait(job);
-  // A failed connection is not a failed job: reconnect (same sandbox and
-  // generation, checked by open_route) and follow it again, a few times.
-  for (int attempt = 0; attempt < 3 && !done && !done.error().answered && !closing(); ++attempt) {
-    if (channel_ == channel) channel_.reset();
-    auto reopened = co_await open_route();
-    if (!reopened) break;
-    channel = channel_;
-    done = co_await channel->wait(job);
-  }
+  // A failed connection is not a failed job: follow() reconnects until the
+  // daemon answers; only its answer can make the job lost.
+  auto done = co_await follow(job);
   if (started) co_await started->async_wait(asio::use_awaitable);
+  if (!done && !done.error().answered && done.error().code == errc::conflict) {
+    // The daemon there is not the job's: its jobs are not attached to it,
+    // and nothing is known about how this one ended.
+    host_.warn("job " + job.str() + ": " + done.error().message +
+               ". The job was not attached to it: it stays as it is on disk, its receipts "
+               "pending, for the next boot to recover on its own sandbox generation (recovery "
+               "refuses to boot until that generation answers); no turn waits on it now");
+    end_live(job);
+    co_return;
+  }
   if (opts_.trace) opts_.trace(job, "completion");
   {
     std::lock_guard lk(m_);
@@ -842,7 +939,8 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
                      std::to_string(j.scope.generation) + ", but no sandbox is configured");
     if (!ro) {
       auto c = co_await sandbox_client::connect(socket_path_for(opts_.sandbox_dir),
-                                                wire::conn_mode::read_only, "tether recovery");
+                                                wire::conn_mode::read_only, "tether recovery",
+                                                opts_.client);
       if (!c)
         co_return stop("ran on sandbox '" + j.scope.sandbox.str() + "' generation " +
                        std::to_string(j.scope.generation) + ", whose daemon cannot be reached (" +
@@ -899,7 +997,7 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   std::vector<job_id> settled;  // ended while the host was down: expired below
   for (auto& j : *live) {
     auto a = co_await ro->attach(j.id, 0);
-    if (!a && a.error().code == errc::not_found) {
+    if (!a && a.error().answered && a.error().code == errc::not_found) {
       add_live(j);
       std::string why = j.state == owned_state::admitted
                             ? "the host stopped around its dispatch and the sandbox does not know "

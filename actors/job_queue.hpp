@@ -51,6 +51,9 @@ struct job_queue_options {
   std::function<awaitable<result<std::shared_ptr<command_route>>>(std::string socket)> adapter;
   int adapter_failures = 3;
   std::string cwd;  // default working directory of commands; default: the host's
+  /// Deadline and heartbeat of the queue's daemon connections (the platform
+  /// route and recovery's read-only one): a wedged daemon is an error, not a hang.
+  client_options client = client_options::from_env();
   /// Instrumentation (benches, tests): called on the queue's executor when a
   /// job's completion arrived ("completion"), when its terminal transition
   /// committed ("terminal") and when its terminal receipt was handed over to
@@ -157,6 +160,18 @@ class job_queue {
   void spawn_watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started);
   /// Follows a job to its end; its completion is written once `started` is set.
   awaitable<void> watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started);
+  /// Sends the exec until a daemon answers it (idempotent by job id): a
+  /// transport failure reconnects with a bounded backoff and sends it again,
+  /// until the queue closes. Only an answer (or a close, or a refused route) ends it.
+  awaitable<result<wire::started_rep>> dispatch(job_id job, wire::exec_req er);
+  /// The job's completion, or the daemon's answer that it has none: a
+  /// transport failure reconnects with a bounded backoff and attaches again
+  /// (never `lost`), until the queue closes or the route is refused.
+  awaitable<result<protocol::shell_completion>> follow(job_id job);
+  /// Ends `failed` (if it is still the queue's route), pauses before retry
+  /// `attempt` and opens a route; the stopping error once the queue closes.
+  awaitable<result<std::shared_ptr<routed_channel>>> reconnect(
+      std::shared_ptr<routed_channel> failed, int attempt);
   /// The terminal CAS and the delivery of its receipt. True once a terminal
   /// transition of the job is durable (this one or an earlier one).
   /// `wake_after` false (recovery): the receipt is admitted, nobody is woken.

@@ -308,7 +308,9 @@ using reply_channel =
     asio::experimental::channel<void(boost::system::error_code, wire::reply_body)>;
 
 struct sandbox_client::state {
-  explicit state(asio::any_io_executor ex) : sock(ex) {}
+  using clock = std::chrono::steady_clock;
+  state(asio::any_io_executor ex, client_options o, std::string path)
+      : sock(ex), watchdog(ex), opts(std::move(o)), socket_path(std::move(path)) {}
   asio::local::stream_protocol::socket sock;
   std::map<std::uint64_t, std::shared_ptr<reply_channel>> pending;
   std::uint64_t next_id = 1;
@@ -316,7 +318,28 @@ struct sandbox_client::state {
   bool writing = false;
   bool closed = false;
   std::string lost;  // why the connection ended
+  // The watchdog (see client_options): silence is measured from the last line
+  // read, or from the moment a request found the connection idle.
+  asio::steady_timer watchdog;
+  client_options opts;
+  std::string socket_path;
+  clock::time_point heard = clock::now();
+  bool ready = false;          // hello answered: probes may be sent
+  std::uint64_t probe_id = 0;  // the heartbeat probe in flight, if any
+  bool timed_out = false;      // the watchdog closed the connection
 };
+
+client_options client_options::from_env() {
+  client_options o;
+  if (const char* v = std::getenv("TETHER_SANDBOX_DEADLINE_MS"); v && *v) {
+    long long ms = std::atoll(v);
+    if (ms > 0) {
+      o.deadline = std::chrono::milliseconds(ms);
+      o.heartbeat = std::chrono::milliseconds(std::max(1LL, ms / 4));
+    }
+  }
+  return o;
+}
 
 namespace {
 
@@ -332,6 +355,7 @@ error from_reply(const wire::error_rep& e) {
 }
 
 error lost(const sandbox_client::state& s) {
+  if (s.timed_out) return error{errc::timeout, s.lost};
   return error{errc::closed, "the connection to the sandbox daemon is closed" +
                                  (s.lost.empty() ? std::string() : " (" + s.lost + ")")};
 }
@@ -353,21 +377,82 @@ awaitable<void> write_all(state_ptr s) {
   s->writing = false;
 }
 
+void send_line(const state_ptr& s, std::string line) {
+  s->queue.push_back(std::move(line));
+  if (!s->writing) {
+    s->writing = true;
+    asio::co_spawn(s->sock.get_executor(), write_all(s), asio::detached);
+  }
+}
+
+// The heartbeat probe: an attach of a job id no caller uses. Any daemon that
+// reads its socket answers it at once (`not_found`, or that job's status),
+// without starting or changing anything; read-only connections may send it.
+void send_probe(const state_ptr& s) {
+  wire::attach_req a;
+  a.job = job_id("tether-heartbeat");
+  a.follow = false;
+  s->probe_id = s->next_id++;
+  wire::request r{s->probe_id, std::move(a)};
+  send_line(s, wire::encode(r) + "\n");
+}
+
+std::string millis(std::chrono::milliseconds d) {
+  return std::to_string(d.count()) + " ms";
+}
+
+// While a request waits, the daemon must be heard from within the deadline;
+// it is probed after a heartbeat of silence. Ends when the connection closes.
+awaitable<void> watch_silence(state_ptr s) {
+  using clock = sandbox_client::state::clock;
+  for (;;) {
+    if (s->closed) break;
+    if (s->pending.empty()) {
+      s->watchdog.expires_at(clock::time_point::max());
+    } else {
+      auto now = clock::now();
+      auto silent = now - s->heard;
+      if (silent >= s->opts.deadline) {
+        s->timed_out = true;
+        s->lost = "the sandbox daemon at " + s->socket_path + " did not answer for " +
+                  millis(s->opts.deadline) + (s->ready ? " while a request waited" : " (hello)") +
+                  "; it may be stopped or wedged. The connection was closed; the daemon keeps "
+                  "its jobs, and a retry once it answers finds them by id";
+        boost::system::error_code ig;
+        s->sock.close(ig);  // the reader fails every waiting request
+        break;
+      }
+      if (s->ready && s->probe_id == 0 && silent >= s->opts.heartbeat) send_probe(s);
+      auto next = s->probe_id != 0 || s->opts.heartbeat >= s->opts.deadline
+                      ? s->heard + s->opts.deadline
+                      : s->heard + s->opts.heartbeat;
+      s->watchdog.expires_at(next);
+    }
+    co_await s->watchdog.async_wait(tuple_awaitable);  // cancelled: recheck at once
+  }
+}
+
 awaitable<void> read_all(state_ptr s) {
   std::string buf;
   for (;;) {
     auto [ec, n] =
         co_await asio::async_read_until(s->sock, asio::dynamic_buffer(buf), '\n', tuple_awaitable);
     if (ec) {
-      s->lost = ec == asio::error::eof ? "the daemon closed it" : ec.message();
+      if (s->lost.empty()) s->lost = ec == asio::error::eof ? "the daemon closed it" : ec.message();
       break;
     }
+    s->heard = sandbox_client::state::clock::now();
     std::string line = buf.substr(0, n - 1);
     buf.erase(0, n);
     auto r = wire::decode_reply(line);
     if (!r) {
       s->lost = "the daemon sent an undecodable reply: " + r.error().describe();
       break;
+    }
+    if (s->probe_id != 0 && r->id == s->probe_id) {
+      s->probe_id = 0;  // heard: the daemon reads its socket
+      if (s->opts.on_heartbeat) s->opts.on_heartbeat();
+      continue;
     }
     auto it = s->pending.find(r->id);
     if (it == s->pending.end()) continue;  // an abandoned request
@@ -378,6 +463,7 @@ awaitable<void> read_all(state_ptr s) {
   s->closed = true;
   boost::system::error_code ig;
   s->sock.close(ig);
+  s->watchdog.cancel();
   for (auto& [id, ch] : s->pending) {
     wire::error_rep e{"closed", "the connection to the sandbox daemon is closed (" + s->lost + ")"};
     if (!ch->try_send(boost::system::error_code{}, wire::reply_body(std::move(e)))) ch->close();
@@ -391,13 +477,14 @@ class call {
     if (s_->closed) return;
     id_ = s_->next_id++;
     ch_ = std::make_shared<reply_channel>(s_->sock.get_executor(), 64);
+    if (s_->pending.empty()) {
+      // The daemon owed nothing until now: its silence counts from here.
+      s_->heard = sandbox_client::state::clock::now();
+      s_->watchdog.cancel();
+    }
     s_->pending[id_] = ch_;
     wire::request r{id_, std::move(body)};
-    s_->queue.push_back(wire::encode(r) + "\n");
-    if (!s_->writing) {
-      s_->writing = true;
-      asio::co_spawn(s_->sock.get_executor(), write_all(s_), asio::detached);
-    }
+    send_line(s_, wire::encode(r) + "\n");
   }
   ~call() {
     if (ch_) {
@@ -436,10 +523,12 @@ result<T> expect(result<wire::reply_body> r, const char* what) {
 
 }  // namespace
 
-awaitable<result<std::unique_ptr<sandbox_client>>> sandbox_client::connect(
-    std::string socket_path, wire::conn_mode mode, std::string client_name) {
+awaitable<result<std::unique_ptr<sandbox_client>>> sandbox_client::connect(std::string socket_path,
+                                                                           wire::conn_mode mode,
+                                                                           std::string client_name,
+                                                                           client_options opts) {
   auto ex = co_await asio::this_coro::executor;
-  auto s = std::make_shared<state>(ex);
+  auto s = std::make_shared<state>(ex, opts, socket_path);
   asio::local::stream_protocol::endpoint ep(socket_path);
   auto [ec] = co_await s->sock.async_connect(ep, tuple_awaitable);
   if (ec)
@@ -454,13 +543,24 @@ awaitable<result<std::unique_ptr<sandbox_client>>> sandbox_client::connect(
       !peer)
     co_return peer.error();
   asio::co_spawn(ex, read_all(s), asio::detached);
+  asio::co_spawn(ex, watch_silence(s), asio::detached);
   std::unique_ptr<sandbox_client> c(new sandbox_client(s));
   wire::hello_req h;
   h.mode = mode;
   h.client = std::move(client_name);
   call q(s, std::move(h));
   auto rep = expect<wire::hello_rep>(co_await q.next(), "hello");
-  if (!rep) co_return rep.error();
+  if (!rep) {
+    if (rep.error().code == errc::timeout)
+      co_return error{errc::timeout, "the sandbox daemon at " + socket_path +
+                                         " accepted the connection but did not answer hello "
+                                         "within " +
+                                         millis(opts.deadline) +
+                                         "; it may be stopped or wedged. Nothing was sent to "
+                                         "it; retry once it answers"};
+    co_return rep.error();
+  }
+  s->ready = true;
   if (rep->version != wire::k_version)
     co_return error{errc::refused, "the sandbox daemon speaks protocol version " +
                                        std::to_string(rep->version) + "; this client speaks " +
@@ -477,6 +577,7 @@ void sandbox_client::close() {
   if (!s_) return;
   boost::system::error_code ig;
   s_->sock.close(ig);
+  s_->watchdog.cancel();  // the reader ends the watchdog with the connection
 }
 
 awaitable<result<wire::started_rep>> sandbox_client::exec(wire::exec_req r) {
@@ -558,10 +659,12 @@ result<protocol::shell_completion> sandbox_client::cleaned_up(const job_id& job,
   auto it = seen_.find(job.str());
   if (e.code != errc::not_found) return e;
   if (it == seen_.end() || it->second.out.total() == 0)
-    return error{errc::not_found, "job '" + job.str() +
-                                      "': the sandbox has no status for it and this client "
-                                      "captured no output; nothing is known about how it ended (" +
-                                      e.message + ")"};
+    return error{errc::not_found,
+                 "job '" + job.str() +
+                     "': the sandbox has no status for it and this client "
+                     "captured no output; nothing is known about how it ended (" +
+                     e.message + ")",
+                 e.answered};  // the daemon's own answer stays one
   auto& sn = it->second;
   protocol::shell_completion c;
   c.job = job.str();

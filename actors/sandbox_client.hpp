@@ -17,6 +17,7 @@
 
 #include <boost/asio/awaitable.hpp>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -85,13 +86,29 @@ std::vector<std::pair<std::string, std::string>> current_environment();
 
 // ---- the client -------------------------------------------------------------------------
 
+/// How long a client waits on a silent daemon. While any request of a
+/// connection waits (hello, exec, a follow, a kill), the daemon must be heard
+/// from: after `heartbeat` of silence the client probes it (an attach the
+/// daemon answers at once), and after `deadline` of silence the connection is
+/// declared wedged: it is closed and every request on it fails with
+/// errc::timeout, so a stopped daemon is a clear error, never a silent hang.
+struct client_options {
+  std::chrono::milliseconds deadline{20000};
+  std::chrono::milliseconds heartbeat{5000};
+  /// Instrumentation (tests): called when the daemon answered a heartbeat probe.
+  std::function<void()> on_heartbeat;
+  /// $TETHER_SANDBOX_DEADLINE_MS (heartbeat: a quarter of it), else the defaults.
+  static client_options from_env();
+};
+
 class sandbox_client {
  public:
   struct state;  // the connection, shared with its reader coroutine
 
-  /// Connects and says hello. Never starts a daemon.
+  /// Connects and says hello (within `opts.deadline`). Never starts a daemon.
   static awaitable<result<std::unique_ptr<sandbox_client>>> connect(
-      std::string socket_path, wire::conn_mode mode, std::string client_name = "tether");
+      std::string socket_path, wire::conn_mode mode, std::string client_name = "tether",
+      client_options opts = {});
 
   ~sandbox_client();
   sandbox_client(const sandbox_client&) = delete;

@@ -5,7 +5,9 @@
 // that finished while the host was down. Every job is a real process in a real
 // tether-sandboxd; rows are tampered with through SQLite on a closed database.
 #include <algorithm>
+#include <atomic>
 #include <fstream>
+#include <map>
 
 #include "delivery_support.hpp"
 #include "tether/protocol/scope.hpp"
@@ -492,6 +494,34 @@ TEST_CASE("a daemon that is gone while the host was down refuses the boot and ke
   CHECK_FALSE(run(daemon_answers(actors::socket_path_for(d.daemon.options().state_dir))));
 }
 
+TEST_CASE(
+    "recovery against a stopped daemon refuses the boot with a deadline error, and the boot "
+    "after it resumes follows the job",
+    "[adversarial][deadline]") {
+  delivery_fixture d("adv-stopped");
+  d.f.jobs.client.deadline = std::chrono::milliseconds(300);
+  d.f.jobs.client.heartbeat = std::chrono::milliseconds(100);
+  d.f.restart();
+  auto j = running_job_at_shutdown(d);
+  d.f.close();
+  d.daemon.pause();  // the read-only connect lands in the listen backlog; hello waits
+
+  auto e = d.f.refused_boot();
+  INFO("got " << to_string(e.code) << ": " << e.message);
+  CHECK(e.code == errc::refused);
+  CHECK_THAT(e.message, Contains("'" + j.str() + "'"));
+  CHECK_THAT(e.message, Contains("did not answer hello within 300 ms"));
+  CHECK_THAT(e.message, Contains("the outstanding owner was retained"));
+  CHECK(column_of(db_path(d), "owned_jobs", j.str(), "state") == "running");
+
+  d.daemon.resume();
+  idle_agent(d, "s");  // the launcher of the first turn is gone
+  d.f.open();
+  CHECK(d.f.boot.jobs.reattached == 1);
+  CHECK(d.state_of(j) == owned_state::running);
+  CHECK(run(daemon_runs(d.daemon.socket(), j)));
+}
+
 // ---- 5. no proven generation ----------------------------------------------------------------
 
 TEST_CASE("a saved owner with no proven sandbox generation refuses the boot", "[adversarial]") {
@@ -606,4 +636,162 @@ TEST_CASE(
   CHECK(d.transcript_count("s", "notice", "built-while-down") == 1);
   // The receipt is durable, so the daemon was told to drop its record.
   CHECK(run(daemon_jobs(d.daemon.socket())).empty());
+}
+
+// ---- 7. transport failures are not lost jobs --------------------------------------------------
+
+namespace {
+
+// Counts the queue's trace stages; `hit` is set once `stage` was traced `n`
+// times, or at the first terminal transition (what a job written off too
+// early shows), whichever comes first. Only while armed.
+struct trace_waiter {
+  trace_waiter(std::string s, int count) : stage(std::move(s)), n(count) {}
+  std::string stage;
+  int n;
+  std::atomic<bool> armed{false};
+  std::mutex m;
+  std::map<std::string, int> seen;
+  std::shared_ptr<runtime::one_shot<std::string>> hit = runtime::one_shot<std::string>::make();
+
+  static void install(delivery_fixture& d, std::shared_ptr<trace_waiter> w) {
+    d.f.jobs.trace = [w](const job_id&, std::string_view s) {
+      if (!w->armed) return;
+      int c;
+      {
+        std::lock_guard lk(w->m);
+        c = ++w->seen[std::string(s)];
+      }
+      if ((s == w->stage && c >= w->n) || s == "terminal") w->hit->set(std::string(s));
+    };
+  }
+  std::string wait(delivery_fixture& d) {
+    return d.sync(hit->async_wait(boost::asio::use_awaitable));
+  }
+};
+
+void short_deadline(delivery_fixture& d) {
+  d.f.jobs.client.deadline = std::chrono::milliseconds(300);
+  d.f.jobs.client.heartbeat = std::chrono::milliseconds(100);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "an exec the stopped daemon never answered is sent again once it resumes: the job runs "
+    "once and is never written lost",
+    "[adversarial][reconnect]") {
+  delivery_fixture d("adv-exec-retry");
+  auto w = std::make_shared<trace_waiter>("dispatch_retry", 2);
+  trace_waiter::install(d, w);
+  short_deadline(d);
+  d.f.restart();
+  // A first job opens the platform route.
+  launcher warm;
+  warm.install(d, "warm", job("true"));
+  auto sw = d.session("warm");
+  REQUIRE(d.sync(d.host().prompt(sw, "go")));
+  warm.id(d);
+  settle_all(d);
+
+  auto side = d.work + "/side-effect";
+  launcher l;
+  l.install(d, "s", job("echo ran >> " + side));
+  auto s = d.session("s");
+  w->armed = true;
+  d.daemon.pause();  // the exec is written to the socket; nothing answers it
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  auto stage = w->wait(d);
+  INFO("expected the unanswered exec to be sent again, not the job settled");
+  CHECK(stage == "dispatch_retry");
+
+  d.daemon.resume();
+  auto j = l.id(d);
+  settle_all(d);
+  CHECK(d.state_of(j) == owned_state::completed);
+  CHECK(d.receipt_state_of(j, transition::completed) != "none");
+  CHECK(d.receipt_state_of(j, transition::lost) == "none");
+  CHECK(lines_in(side) == 1);  // sent more than once, run once
+  CHECK(warned(d, j.str(), "the exec is sent again"));
+}
+
+TEST_CASE(
+    "a follow whose daemon went away reconnects with backoff until it is back, and the job is "
+    "never written lost",
+    "[adversarial][reconnect]") {
+  delivery_fixture d("adv-follow-retry");
+  auto w = std::make_shared<trace_waiter>("follow_retry", 3);
+  trace_waiter::install(d, w);
+  d.f.restart();
+  auto gate = d.fifo("gate");
+  launcher l;
+  l.install(d, "s", job("cat " + gate));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  auto j = l.id(d);
+  REQUIRE(d.state_of(j) == owned_state::running);
+
+  w->armed = true;
+  d.daemon.crash();  // the connection drops; the job's process lives on
+  auto stage = w->wait(d);
+  INFO("expected the follow to keep reconnecting while no daemon answers");
+  CHECK(stage == "follow_retry");
+
+  d.daemon.start();  // the same sandbox and generation finds the job by its pid
+  d.release(gate);
+  settle_all(d);
+  CHECK(d.state_of(j) == owned_state::completed);
+  CHECK(d.receipt_state_of(j, transition::lost) == "none");
+  CHECK(warned(d, j.str(), "a failed connection is not a failed job"));
+}
+
+TEST_CASE("the daemon's answer that a followed job is gone keeps its 'answered' mark",
+          "[adversarial][reconnect]") {
+  sandbox_daemon daemon("adv-answered");
+  auto r =
+      run([](std::string socket) -> boost::asio::awaitable<result<protocol::shell_completion>> {
+        auto c = co_await connect(socket);
+        co_return co_await c->wait(job_id("job-nobody-knows"));
+      }(daemon.socket()));
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == errc::not_found);
+  CHECK(r.error().answered);
+}
+
+// ---- 8. a live reconnect reaches another generation ------------------------------------------
+
+TEST_CASE(
+    "a live reconnect to a replaced daemon is refused: the followed job is not attached to the "
+    "new generation and stays running for the next boot",
+    "[adversarial][reconnect]") {
+  launcher l;  // outlives the host: the session keeps calling its agent
+  delivery_fixture d("adv-replaced-live");
+  l.install(d, "s", job("sleep 30"));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  auto j = l.id(d);
+  REQUIRE(d.state_of(j) == owned_state::running);
+  auto scope = scope_of_job(d, j);
+  replace_daemon(d);  // the follow's connection drops; the next daemon is generation + 1
+  auto now = run(hello_of(d.daemon.socket()));
+  REQUIRE(now.generation == scope.generation + 1);
+  settle_all(d);  // the follow gave up on the foreign daemon (or, wrongly, settled the job)
+
+  CHECK(d.state_of(j) == owned_state::running);
+  CHECK(d.receipt_state_of(j, transition::lost) == "none");
+  CHECK(warned(d, j.str(),
+               "now answers as sandbox '" + now.sandbox.str() + "' generation " +
+                   std::to_string(now.generation) + ", not sandbox '" + scope.sandbox.str() +
+                   "' generation " + std::to_string(scope.generation)));
+  CHECK(warned(d, j.str(), "was not attached to it"));
+  auto sb = d.host().jobs().sandbox();
+  REQUIRE(sb);
+  CHECK(sb->second == scope.generation);
+  CHECK(run(daemon_jobs(d.daemon.socket())).empty());
+
+  d.f.close();
+  // The host stays bound to the job's generation: its receipts are not made stale.
+  CHECK(column_of(db_path(d), "sandboxes", scope.sandbox.str(), "generation") ==
+        std::to_string(scope.generation));
+  CHECK(column_of(db_path(d), "owned_jobs", j.str(), "state") == "running");
 }

@@ -6,9 +6,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <csignal>
 #include <fstream>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "tether/protocol/json.hpp"
 
@@ -21,6 +24,48 @@ void sandbox_daemon::crash() {
   REQUIRE(::waitpid(h_.pid, &st, 0) == h_.pid);
   REQUIRE(WIFSIGNALED(st));
   h_.pid = 0;
+}
+
+// Resumes a paused daemon after a long while unless the test resumed it:
+// a client that would wait for ever on it then fails instead of hanging.
+struct pause_guard {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread t;
+  explicit pause_guard(pid_t pid) {
+    t = std::thread([this, pid] {
+      std::unique_lock lk(m);
+      if (!cv.wait_for(lk, std::chrono::minutes(2), [this] { return done; })) ::kill(pid, SIGCONT);
+    });
+  }
+  ~pause_guard() {
+    {
+      std::lock_guard lk(m);
+      done = true;
+    }
+    cv.notify_all();
+    t.join();
+  }
+};
+
+void sandbox_daemon::pause() {
+  REQUIRE(h_.child);
+  REQUIRE(::kill(h_.pid, SIGSTOP) == 0);
+  int st = 0;
+  REQUIRE(::waitpid(h_.pid, &st, WUNTRACED) == h_.pid);
+  REQUIRE(WIFSTOPPED(st));
+  paused_ = true;
+  guard_ = std::make_shared<pause_guard>(h_.pid);
+}
+
+void sandbox_daemon::resume() {
+  guard_.reset();
+  REQUIRE(::kill(h_.pid, SIGCONT) == 0);
+  int st = 0;
+  REQUIRE(::waitpid(h_.pid, &st, WCONTINUED) == h_.pid);
+  REQUIRE(WIFCONTINUED(st));
+  paused_ = false;
 }
 
 std::string sandbox_daemon::log() const {

@@ -3,6 +3,7 @@
 // directory, and helpers to drive it from coroutines.
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@ class sandbox_daemon {
   }
   ~sandbox_daemon() {
     if (h_.pid <= 0) return;
+    if (paused_) resume();
     auto r = actors::stop_daemon(h_);
     if (std::uncaught_exceptions() == 0) {
       INFO((r ? std::string() : r.error().message) << "; daemon.log:\n" << log());
@@ -53,6 +55,12 @@ class sandbox_daemon {
   }
   /// Kills the daemon outright (no cleanup at all) and reaps it.
   void crash();
+  /// SIGSTOP, confirmed stopped (waitpid WUNTRACED): it reads nothing until
+  /// resume(). A guard thread resumes it after two minutes if the test never
+  /// does (a client that would hang for ever then fails instead).
+  void pause();
+  /// SIGCONT, confirmed (waitpid WCONTINUED).
+  void resume();
 
   /// The daemon's log (its stderr), for failure messages.
   std::string log() const;
@@ -66,6 +74,8 @@ class sandbox_daemon {
   scratch_dir dir_;
   actors::daemon_options opts_;
   actors::daemon_handle h_;
+  bool paused_ = false;
+  std::shared_ptr<struct pause_guard> guard_;
 };
 
 awaitable<client_ptr> connect(std::string socket,

@@ -59,12 +59,17 @@ std::string command_text(const args& a, std::size_t from) {
 
 boost::asio::awaitable<result<protocol::shell_completion>> run_job(std::string socket,
                                                                    actors::wire::exec_req req) {
-  auto c = co_await actors::sandbox_client::connect(socket, actors::wire::conn_mode::read_write,
-                                                    "tether run");
+  auto c =
+      co_await actors::sandbox_client::connect(socket, actors::wire::conn_mode::read_write,
+                                               "tether run", actors::client_options::from_env());
   if (!c) co_return c.error();
   auto started = co_await (*c)->exec(std::move(req));
   if (!started) co_return started.error();
   auto done = co_await (*c)->wait(started->job);
+  if (!done && !done.error().answered)
+    co_return error{done.error().code, done.error().message + "; job '" + started->job.str() +
+                                           "' was started, and the sandbox keeps it and its "
+                                           "status by that id"};
   // Read: the daemon need not keep the job's record for anyone any more.
   if (done)
     if (auto e = co_await (*c)->expire(started->job); !e)

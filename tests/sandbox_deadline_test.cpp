@@ -1,0 +1,149 @@
+// Client-side deadlines (issue 10, item 23): a daemon that accepts connections
+// but reads nothing (SIGSTOP) makes hello, exec and follows a clear
+// errc::timeout after the client's deadline, never a silent hang; once it
+// resumes, a retry finds the job by id. A silent follow of a live daemon is
+// kept alive by the heartbeat. The daemon is really stopped, so the deadline
+// must fire whatever the machine's load: no assertion depends on a margin.
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+
+#include "sandbox_support.hpp"
+#include "tether/runtime/one_shot.hpp"
+
+using namespace tether;
+using namespace tether::test;
+using Catch::Matchers::Contains;
+using protocol::job_id;
+using std::chrono::milliseconds;
+
+namespace {
+
+actors::client_options short_deadline() {
+  actors::client_options o;
+  o.deadline = milliseconds(300);
+  o.heartbeat = milliseconds(100);
+  return o;
+}
+
+awaitable<result<client_ptr>> dial(std::string socket, actors::client_options o) {
+  co_return co_await sandbox_client::connect(socket, wire::conn_mode::read_write, "tether_tests",
+                                             std::move(o));
+}
+
+std::string describe(const error& e) {
+  return std::string(to_string(e.code)) + ": " + e.message;
+}
+
+}  // namespace
+
+TEST_CASE("a stopped daemon makes hello a clear deadline error, and a retry once it resumes works",
+          "[sandbox][deadline]") {
+  sandbox_daemon d("dl-hello");
+  auto cwd = d.dir().path().string();
+  d.pause();  // connect succeeds into the listen backlog; hello waits
+  // (A client that did connect is closed here, so run() returns either way.)
+  auto first = run([&]() -> awaitable<result<wire::hello_rep>> {
+    auto c = co_await dial(d.socket(), short_deadline());
+    if (!c) co_return c.error();
+    auto h = (*c)->hello();
+    (*c)->close();
+    co_return h;
+  }());
+  REQUIRE_FALSE(first.has_value());
+  INFO(describe(first.error()));
+  CHECK(first.error().code == errc::timeout);
+  CHECK_FALSE(first.error().answered);
+  CHECK_THAT(first.error().message, Contains("did not answer hello within 300 ms"));
+  CHECK_THAT(first.error().message, Contains("may be stopped or wedged"));
+  CHECK_THAT(first.error().message, Contains(d.socket()));
+
+  d.resume();
+  auto body = [&]() -> awaitable<void> {
+    auto c = co_await dial(d.socket(), short_deadline());
+    INFO((c ? std::string("ok") : describe(c.error())));
+    REQUIRE(c.has_value());
+    auto done = co_await run_to_end(**c, command("echo again", cwd));
+    CHECK(done.status.exit_code == 0);
+    CHECK_THAT(done.tail, Contains("again"));
+  };
+  run(body());
+}
+
+TEST_CASE(
+    "an exec and a follow on a stopped daemon end with a clear deadline error, and a retry "
+    "after it resumes finds the job by id",
+    "[sandbox][deadline]") {
+  sandbox_daemon d("dl-follow");
+  auto cwd = d.dir().path().string();
+  auto job = job_id("job-dl-follow");
+  auto body = [&]() -> awaitable<void> {
+    // The job was started; then the daemon stops, one client follows the
+    // job and another sends an exec. (Without a deadline both would wait
+    // until the pause guard resumes the daemon, and then fail the checks.)
+    auto c = co_await dial(d.socket(), short_deadline());
+    REQUIRE(c.has_value());
+    auto other = co_await dial(d.socket(), short_deadline());
+    REQUIRE(other.has_value());
+    auto r = command("echo followed-job", cwd);
+    r.job = job;
+    auto s = co_await (*c)->exec(std::move(r));
+    REQUIRE(s.has_value());
+    d.pause();
+
+    auto followed = co_await (*c)->wait(job);
+    REQUIRE_FALSE(followed.has_value());
+    INFO(describe(followed.error()));
+    CHECK(followed.error().code == errc::timeout);
+    CHECK_FALSE(followed.error().answered);
+    CHECK_THAT(followed.error().message,
+               Contains("did not answer for 300 ms while a request waited"));
+    CHECK_THAT(followed.error().message, Contains("the daemon keeps its jobs"));
+
+    auto again = co_await (*other)->exec(command("true", cwd));
+    REQUIRE_FALSE(again.has_value());
+    INFO(describe(again.error()));
+    CHECK(again.error().code == errc::timeout);
+    CHECK_THAT(again.error().message, Contains("did not answer for 300 ms"));
+
+    // Resumed: the retry follows the same job to its true end.
+    d.resume();
+    auto retry = co_await dial(d.socket(), short_deadline());
+    INFO((retry ? std::string("ok") : describe(retry.error())));
+    REQUIRE(retry.has_value());
+    auto done = co_await (*retry)->wait(job);
+    INFO((done ? std::string("ok") : describe(done.error())));
+    REQUIRE(done.has_value());
+    CHECK(done->status.exit_code == 0);
+    CHECK_THAT(done->tail, Contains("followed-job"));
+  };
+  run(body());
+}
+
+TEST_CASE("a silent follow of a live daemon is kept alive by the heartbeat past the deadline",
+          "[sandbox][deadline]") {
+  sandbox_daemon d("dl-heartbeat");
+  auto cwd = d.dir().path().string();
+  auto gate = d.dir().file("gate");
+  REQUIRE(::mkfifo(gate.c_str(), 0600) == 0);
+  auto body = [&]() -> awaitable<void> {
+    // Each probe is sent after a heartbeat (100 ms) of silence, so four
+    // answered probes mean the job was silent longer than the deadline (300 ms).
+    auto answered = std::make_shared<int>(0);
+    auto opts = short_deadline();
+    opts.on_heartbeat = [answered, gate] {
+      if (++*answered == 4) release_fifo(gate);
+    };
+    auto c = co_await dial(d.socket(), std::move(opts));
+    REQUIRE(c.has_value());
+    auto r = command("cat " + gate + "; echo heard-through", cwd);
+    auto s = co_await (*c)->exec(std::move(r));
+    REQUIRE(s.has_value());
+    auto done = co_await (*c)->wait(s->job);
+    INFO((done ? std::string("ok") : describe(done.error())));
+    REQUIRE(done.has_value());
+    CHECK(*answered >= 4);
+    CHECK(done->status.exit_code == 0);
+    CHECK_THAT(done->tail, Contains("heard-through"));
+  };
+  run(body());
+}
