@@ -10,12 +10,15 @@
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/experimental/channel.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <functional>
 #include <iostream>
+#include <stdexcept>
 
 #include "tether/actors/sandbox_client.hpp"
 #include "tether/protocol/ids.hpp"
@@ -27,6 +30,16 @@ using asio::use_awaitable;
 namespace json = boost::json;
 constexpr auto tuple_awaitable = asio::as_tuple(asio::use_awaitable);
 using wait_type = asio::posix::descriptor_base::wait_type;
+
+std::string describe(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
 
 job::~job() {
   if (out_file >= 0) ::close(out_file);
@@ -43,10 +56,12 @@ class connection : public std::enable_shared_from_this<connection> {
 
   connection(daemon& d, socket_t s) : d_(d), sock_(std::move(s)), out_(sock_.get_executor(), 64) {}
 
+  // Every coroutine of a connection ends through ended(): an exception is
+  // logged and the connection closed, so it is never left counted and open.
   void start() {
     auto ex = sock_.get_executor();
-    asio::co_spawn(ex, read_loop(shared_from_this()), asio::detached);
-    asio::co_spawn(ex, write_loop(shared_from_this()), asio::detached);
+    asio::co_spawn(ex, read_loop(shared_from_this()), ended("reading requests"));
+    asio::co_spawn(ex, write_loop(shared_from_this()), ended("writing replies"));
   }
 
   /// Queues a reply; a closed connection drops it.
@@ -115,6 +130,32 @@ class connection : public std::enable_shared_from_this<connection> {
     close();
   }
 
+  std::function<void(std::exception_ptr)> ended(std::string what) {
+    return [self = shared_from_this(), what = std::move(what)](std::exception_ptr e) {
+      if (e)
+        self->d_.log("a connection failed " + what + ": " + describe(e) +
+                     "; it was closed (its jobs go on)");
+      self->close();
+    };
+  }
+
+  // A request answered by its own coroutine (it may wait for a job).
+  void spawn_request(awaitable<void> answer, std::uint64_t id, std::string type) {
+    auto self = shared_from_this();
+    auto done = [self, id, type](std::exception_ptr e) {
+      if (!e) return;
+      self->d_.log("a connection failed answering " + type + " (request id " + std::to_string(id) +
+                   "): " + describe(e) + "; it was closed (its jobs go on)");
+      self->close();
+    };
+    asio::co_spawn(sock_.get_executor(), std::move(answer), std::move(done));
+  }
+
+  static awaitable<void> throw_now(std::string type) {
+    throw std::runtime_error("TETHER_SANDBOXD_THROW_ON=" + type + " (test hook)");
+    co_return;
+  }
+
   static wire::error_rep too_long() {
     return {"invalid", "request line is longer than " + std::to_string(wire::k_max_line) +
                            " bytes; it was discarded"};
@@ -142,6 +183,17 @@ class connection : public std::enable_shared_from_this<connection> {
     }
     std::uint64_t id = req->id;
     auto& body = req->body;
+    static constexpr const char* names[] = {"hello", "exec", "attach", "kill", "list", "expire"};
+    const std::string type = names[body.index()];
+    bool answered_apart = std::holds_alternative<wire::attach_req>(body) ||
+                          std::holds_alternative<wire::kill_req>(body) ||
+                          std::holds_alternative<wire::list_req>(body);
+    if (type == d_.config().throw_on && hello_) {
+      if (!answered_apart)
+        throw std::runtime_error("TETHER_SANDBOXD_THROW_ON=" + type + " (test hook)");
+      spawn_request(throw_now(type), id, type);
+      co_return;
+    }
     if (auto* h = std::get_if<wire::hello_req>(&body)) {
       if (h->version != wire::k_version) {
         wire::error_rep e{"unsupported_version",
@@ -171,14 +223,12 @@ class connection : public std::enable_shared_from_this<connection> {
                    std::holds_alternative<wire::kill_req>(body) ||
                    std::holds_alternative<wire::expire_req>(body);
     if (mutates && mode_ == wire::conn_mode::read_only) {
-      static constexpr const char* names[] = {"hello", "exec", "attach", "kill", "list", "expire"};
-      wire::error_rep e{"refused", std::string(names[body.index()]) +
+      wire::error_rep e{"refused", type +
                                        " is refused: this connection is read-only (hello mode "
                                        "read_only); nothing was started or changed"};
       co_await send(id, std::move(e));
       co_return;
     }
-    auto ex = sock_.get_executor();
     if (auto* x = std::get_if<wire::exec_req>(&body)) {
       auto rep = d_.exec(*x);
       co_await send(id, std::move(rep));
@@ -186,11 +236,11 @@ class connection : public std::enable_shared_from_this<connection> {
       auto rep = d_.expire(*e);
       co_await send(id, std::move(rep));
     } else if (auto* a = std::get_if<wire::attach_req>(&body)) {
-      asio::co_spawn(ex, d_.attach(shared_from_this(), id, std::move(*a)), asio::detached);
+      spawn_request(d_.attach(shared_from_this(), id, std::move(*a)), id, type);
     } else if (auto* k = std::get_if<wire::kill_req>(&body)) {
-      asio::co_spawn(ex, d_.kill(shared_from_this(), id, std::move(*k)), asio::detached);
+      spawn_request(d_.kill(shared_from_this(), id, std::move(*k)), id, type);
     } else if (auto* l = std::get_if<wire::list_req>(&body)) {
-      asio::co_spawn(ex, d_.list(shared_from_this(), id, std::move(*l)), asio::detached);
+      spawn_request(d_.list(shared_from_this(), id, std::move(*l)), id, type);
     }
   }
 
@@ -279,7 +329,7 @@ result<void> daemon::start() {
   }
   ::umask(old_mask);
   ::chmod(sock.c_str(), 0600);
-  asio::co_spawn(io_, accept_loop(), asio::detached);
+  spawn_accept_loop();
   if (cfg_.idle_exit.count() > 0) asio::co_spawn(io_, idle_loop(), asio::detached);
   log("serving sandbox '" + cfg_.id.sandbox_id + "' generation " +
       std::to_string(cfg_.id.generation) + " on " + sock.string());
@@ -297,6 +347,16 @@ void daemon::shutdown(const std::string& why) {
     acceptor_->close(ec);
   }
   io_.stop();
+}
+
+// A failed accept loop would leave the daemon deaf while its jobs run: log
+// what ended it and start it again.
+void daemon::spawn_accept_loop() {
+  asio::co_spawn(io_, accept_loop(), [this](std::exception_ptr e) {
+    if (!e || stopping_) return;
+    log("the accept loop failed: " + describe(e) + "; starting it again");
+    asio::post(io_, [this] { spawn_accept_loop(); });
+  });
 }
 
 awaitable<void> daemon::accept_loop() {

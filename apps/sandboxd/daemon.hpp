@@ -42,7 +42,13 @@ struct daemon_config {
   std::chrono::milliseconds idle_exit{0};     // 0: never exit when idle
   std::size_t retain_bytes = protocol::head_tail::k_default_limit;
   launcher_config tools;
+  // Test hook ($TETHER_SANDBOXD_THROW_ON=TYPE): answering a request of this
+  // type throws, as a bug would; empty in normal runs.
+  std::string throw_on;
 };
+
+/// What an exception carried, for a log line.
+std::string describe(std::exception_ptr e);
 
 struct job {
   explicit job(asio::io_context& io, std::size_t retain) : out(retain / 2, retain / 2), grace(io) {}
@@ -89,8 +95,11 @@ class daemon {
   void connection_opened();
   void connection_closed();
   asio::io_context& io() { return io_; }
+  const daemon_config& config() const { return cfg_; }
+  void log(const std::string& line) const;
 
  private:
+  void spawn_accept_loop();
   awaitable<void> accept_loop();
   awaitable<void> watch(std::shared_ptr<job> j);
   awaitable<void> kill_sequence(std::shared_ptr<job> j, std::chrono::milliseconds wait);
@@ -105,7 +114,6 @@ class daemon {
   result<void> recover();
   wire::error_rep not_found(const job_id& id) const;
   std::shared_ptr<job> find(const job_id& id) const;
-  void log(const std::string& line) const;
 
   asio::io_context& io_;
   daemon_config cfg_;

@@ -57,6 +57,7 @@ int daemon_main(int argc, char** argv) {
     ::unsetenv("TETHER_CRASH_AT");
   if (auto r = runtime::check_crash_env(); !r) return fail(r.error().message);
   daemon_config cfg;
+  if (const char* t = std::getenv("TETHER_SANDBOXD_THROW_ON")) cfg.throw_on = t;
   std::string wanted_id;
   bool replace = false;
   int ready_fd = -1;
