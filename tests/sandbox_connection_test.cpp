@@ -9,10 +9,12 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <string>
 
 #include "sandbox_support.hpp"
+#include "tether/protocol/json.hpp"
 
 using namespace tether;
 using namespace tether::test;
@@ -143,4 +145,153 @@ TEST_CASE("a connection whose request handler throws is closed, and the idle dae
                       Catch::Contains("TETHER_SANDBOXD_THROW_ON=" + type) &&
                       Catch::Contains("it was closed"));
   CHECK_THAT(log, Catch::Contains("idle for 100 ms"));
+}
+
+namespace {
+
+boost::json::object parse_line(const std::string& l) {
+  auto v = protocol::parse_json(l);
+  INFO("reply line: " << l);
+  REQUIRE(v.has_value());
+  REQUIRE(v->is_object());
+  return v->get_object();
+}
+
+std::string field(const boost::json::object& o, const char* key) {
+  auto* v = o.if_contains(key);
+  return v && v->is_string() ? std::string(v->get_string()) : std::string();
+}
+
+// The daemon's peak resident memory in KiB (VmHWM).
+long peak_kib(int pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::atol(line.c_str() + 6);
+  FAIL("no VmHWM in /proc/" << pid << "/status");
+  return 0;
+}
+
+std::string exec_line(const std::string& command, const std::string& cwd) {
+  boost::json::object o{{"type", "exec"},
+                        {"id", 2},
+                        {"command", command},
+                        {"cwd", cwd},
+                        {"env", boost::json::object{{"PATH", "/usr/bin:/bin"}}}};
+  return boost::json::serialize(o);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "connections over the daemon's cap are told so and closed; one more is served once "
+    "another closes",
+    "[sandbox][connection][security]") {
+  actors::daemon_options o;
+  o.max_connections = 2;
+  sandbox_daemon d("sbx-conn-cap", o);
+  line_conn c1(d.socket()), c2(d.socket());
+  CHECK_THAT(c1.ask(k_hello), Catch::Contains(R"("type":"hello")"));
+  CHECK_THAT(c2.ask(k_hello), Catch::Contains(R"("type":"hello")"));
+
+  line_conn c3(d.socket());
+  auto refused = c3.line();
+  REQUIRE(refused.has_value());
+  CHECK_THAT(*refused, Catch::Contains(R"("code":"refused")") &&
+                           Catch::Contains("--max-connections 2") &&
+                           Catch::Contains("nothing was done"));
+  CHECK(c3.closed_by_daemon());
+  // The host-side client reports the daemon's reason, not just a hang-up.
+  auto via_client = [&]() -> awaitable<void> {
+    auto c = co_await sandbox_client::connect(d.socket(), wire::conn_mode::read_only, "t");
+    REQUIRE_FALSE(c.has_value());
+    CHECK_THAT(c.error().message, Catch::Contains("--max-connections 2"));
+  };
+  run(via_client());
+
+  c1.shutdown_write();
+  CHECK(c1.closed_by_daemon());  // the daemon closed its side: it no longer counts c1
+  line_conn c4(d.socket());
+  CHECK_THAT(c4.ask(k_hello), Catch::Contains(R"("type":"hello")"));
+  auto log = d.full_log();
+  CHECK_THAT(log, Catch::Contains("refusing connections: the daemon already serves 2"));
+  INFO(log);
+  CHECK(log.find("refusing connections") == log.rfind("refusing connections"));  // logged once
+  CHECK_THAT(log, Catch::Contains("2 connection(s) were refused while at it"));
+}
+
+TEST_CASE("pipelined attaches whose replies are never read leave the daemon's memory bounded",
+          "[sandbox][connection][security]") {
+  sandbox_daemon d("sbx-conn-unread");
+  auto cwd = d.dir().path().string();
+  line_conn w(d.socket());
+  CHECK_THAT(w.ask(k_hello), Catch::Contains(R"("type":"hello")"));
+  // 1 MiB of output, all retained: every attach below answers with all of it.
+  auto started = parse_line(w.ask(exec_line("head -c 786432 /dev/zero | base64 -w0", cwd)));
+  REQUIRE(field(started, "type") == "started");
+  auto job = field(started, "job");
+  auto kill_or_done = parse_line(
+      w.ask(R"({"type":"attach","id":3,"follow":true,"job":")" + job + R"(","offset":1048575})"));
+  // The follow answers once the last byte is there; drain it to its status.
+  while (field(kill_or_done, "type") != "status") {
+    auto l = w.line();
+    REQUIRE(l.has_value());
+    kill_or_done = parse_line(*l);
+  }
+  long before = peak_kib(d.handle().pid);
+
+  // A read-only peer pipelines 300 attaches of the whole output and never reads.
+  line_conn r(d.socket());
+  CHECK_THAT(r.ask(R"({"type":"hello","v":1,"mode":"read_only","id":1})"),
+             Catch::Contains(R"("type":"hello")"));
+  std::string batch;
+  for (int i = 0; i < 300; ++i)
+    batch += R"({"type":"attach","id":)" + std::to_string(10 + i) + R"(,"job":")" + job +
+             R"(","max_bytes":1048576})" + "\n";
+  r.send(batch);  // ~30 KB: the socket takes it whether or not the daemon reads
+  // A round trip on another connection: the daemon has read what r sent.
+  CHECK_THAT(w.ask(R"({"type":"list","id":4})"), Catch::Contains(R"("type":"jobs")"));
+  long after = peak_kib(d.handle().pid);
+  INFO("daemon peak memory before " << before << " KiB, after " << after << " KiB");
+  // Unbounded, each attach would hold its 1.4 MB reply: over 400 MB.
+  CHECK(after - before < 32 * 1024);
+}
+
+TEST_CASE("a connection's requests beyond its in-flight cap wait unread until one is answered",
+          "[sandbox][connection][security]") {
+  actors::daemon_options o;
+  o.max_in_flight = 2;
+  sandbox_daemon d("sbx-conn-in-flight", o);
+  auto cwd = d.dir().path().string();
+  line_conn w(d.socket());
+  CHECK_THAT(w.ask(k_hello), Catch::Contains(R"("type":"hello")"));
+  auto started = parse_line(w.ask(exec_line("sleep 600", cwd)));
+  REQUIRE(field(started, "type") == "started");
+  auto job = field(started, "job");
+
+  line_conn r(d.socket());
+  CHECK_THAT(r.ask(R"({"type":"hello","v":1,"mode":"read_only","id":1})"),
+             Catch::Contains(R"("type":"hello")"));
+  // Two follows fill the cap until the job ends; the list behind them waits.
+  auto follow = [&](int id) {
+    return R"({"type":"attach","id":)" + std::to_string(id) + R"(,"follow":true,"job":")" + job +
+           R"("})" + "\n";
+  };
+  r.send(follow(11) + follow(12) + R"({"type":"list","id":13})" + "\n");
+  CHECK_THAT(w.ask(R"({"type":"list","id":3})"), Catch::Contains(R"("type":"jobs")"));
+  CHECK_THAT(w.ask(R"({"type":"kill","id":4,"wait_ms":0,"job":")" + job + R"("})"),
+             Catch::Contains(R"("type":"killed")"));
+
+  int statuses_before_list = 0;
+  for (;;) {
+    auto l = r.line();
+    REQUIRE(l.has_value());
+    auto rep = parse_line(*l);
+    if (field(rep, "type") == "status") ++statuses_before_list;
+    if (field(rep, "type") != "jobs") continue;
+    INFO("the list was answered after " << statuses_before_list << " follow(s) ended: " << *l);
+    CHECK(statuses_before_list >= 1);
+    CHECK_THAT(*l, Catch::Contains(R"("state":"killed")"));
+    break;
+  }
 }

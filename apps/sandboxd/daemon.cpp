@@ -1,6 +1,7 @@
 #include "daemon.hpp"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,12 +50,25 @@ job::~job() {
 
 // ---- one client connection ----------------------------------------------------------
 
+// What one connection may hold, whatever its peer does:
+// - at most --max-in-flight requests being answered (a following attach
+//   counts until its job ends); while that many are, no more is read, so the
+//   peer's writes back up in its own socket;
+// - replies are built only while fewer than k_max_queued_bytes wait to be
+//   written, so a peer that never reads holds at most that plus one reply
+//   (an attach chunk: up to 1 MiB, 1.4 MiB in base64);
+// - a partial request line of at most 1 MiB (wire::k_max_line).
+constexpr std::size_t k_max_queued_bytes = 1 << 20;
+
 class connection : public std::enable_shared_from_this<connection> {
  public:
   using socket_t = asio::local::stream_protocol::socket;
   using channel_t = asio::experimental::channel<void(boost::system::error_code, std::string)>;
 
-  connection(daemon& d, socket_t s) : d_(d), sock_(std::move(s)), out_(sock_.get_executor(), 64) {}
+  connection(daemon& d, socket_t s)
+      : d_(d), sock_(std::move(s)), out_(sock_.get_executor(), 64), wake_(sock_.get_executor()) {
+    wake_.expires_at(asio::steady_timer::time_point::max());
+  }
 
   // Every coroutine of a connection ends through ended(): an exception is
   // logged and the connection closed, so it is never left counted and open.
@@ -64,25 +78,48 @@ class connection : public std::enable_shared_from_this<connection> {
     asio::co_spawn(ex, write_loop(shared_from_this()), ended("writing replies"));
   }
 
-  /// Queues a reply; a closed connection drops it.
+  /// Queues a reply once there is room for it; a closed connection drops it.
   awaitable<void> send(std::uint64_t id, wire::reply_body body) {
+    co_await wait_room();
     if (broken_) co_return;
     wire::reply r{id, std::move(body)};
     std::string line = wire::encode(r);
     line.push_back('\n');
+    queued_bytes_ += line.size();
     boost::system::error_code ok;
     co_await out_.async_send(ok, std::move(line), tuple_awaitable);
+  }
+
+  /// Returns once fewer than k_max_queued_bytes wait to be written (or the
+  /// connection broke): build a large reply only after this.
+  awaitable<void> wait_room() {
+    while (!broken_ && queued_bytes_ >= k_max_queued_bytes) co_await wait_wake();
   }
 
   bool broken() const { return broken_; }
 
  private:
+  // Wakes every waiter of this connection; each re-checks what it waits for.
+  void wake() { wake_.cancel(); }
+  awaitable<void> wait_wake() {
+    auto [ec] = co_await wake_.async_wait(tuple_awaitable);
+    (void)ec;
+  }
+
   awaitable<void> read_loop(std::shared_ptr<connection> /*self: keeps us alive*/) {
     std::string buf;
-    std::vector<char> chunk(1 << 16);
     bool discarding = false;
+    boost::system::error_code nb;
+    sock_.non_blocking(true, nb);
     for (;;) {
-      auto [ec, n] = co_await sock_.async_read_some(asio::buffer(chunk), tuple_awaitable);
+      // Wait for bytes, then read them into the daemon's one read buffer: an
+      // idle connection holds no buffer of its own.
+      auto [wec] = co_await sock_.async_wait(socket_t::wait_read, tuple_awaitable);
+      if (wec) break;
+      auto& chunk = d_.read_buffer();
+      boost::system::error_code ec;
+      std::size_t n = sock_.read_some(asio::buffer(chunk), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) continue;
       if (ec) break;
       buf.append(chunk.data(), n);
       std::size_t start = 0;
@@ -101,10 +138,13 @@ class connection : public std::enable_shared_from_this<connection> {
           co_await send(0, too_long());
           continue;
         }
+        while (!broken_ && in_flight_ >= d_.config().max_in_flight) co_await wait_wake();
+        if (broken_) co_return;
         co_await handle_line(std::move(line));
         if (broken_) co_return;
       }
       buf.erase(0, start);
+      if (buf.empty() && buf.capacity() > (64u << 10)) std::string().swap(buf);
       if (buf.size() > wire::k_max_line) {
         if (!discarding) co_await send(0, too_long());
         discarding = true;
@@ -118,12 +158,16 @@ class connection : public std::enable_shared_from_this<connection> {
     for (;;) {
       auto [ec, line] = co_await out_.async_receive(tuple_awaitable);
       if (ec) break;
+      queued_bytes_ -= line.size();
       std::string batch = std::move(line);
       while (batch.size() < (256u << 10) &&
              out_.try_receive([&](boost::system::error_code e, std::string s) {
-               if (!e) batch += s;
+               if (e) return;
+               queued_bytes_ -= s.size();
+               batch += s;
              })) {
       }
+      wake();
       auto [wec, n] = co_await asio::async_write(sock_, asio::buffer(batch), tuple_awaitable);
       if (wec) break;
     }
@@ -142,7 +186,10 @@ class connection : public std::enable_shared_from_this<connection> {
   // A request answered by its own coroutine (it may wait for a job).
   void spawn_request(awaitable<void> answer, std::uint64_t id, std::string type) {
     auto self = shared_from_this();
+    ++in_flight_;
     auto done = [self, id, type](std::exception_ptr e) {
+      --self->in_flight_;
+      self->wake();
       if (!e) return;
       self->d_.log("a connection failed answering " + type + " (request id " + std::to_string(id) +
                    "): " + describe(e) + "; it was closed (its jobs go on)");
@@ -251,12 +298,16 @@ class connection : public std::enable_shared_from_this<connection> {
     sock_.close(ec);
     out_.cancel();
     out_.close();
+    wake();
     d_.connection_closed();
   }
 
   daemon& d_;
   socket_t sock_;
   channel_t out_;
+  asio::steady_timer wake_;  // a condition variable: see wake()
+  std::size_t queued_bytes_ = 0;
+  std::size_t in_flight_ = 0;  // requests answered by their own coroutine
   bool broken_ = false;
   bool hello_ = false;
   wire::conn_mode mode_ = wire::conn_mode::read_only;
@@ -293,7 +344,30 @@ void daemon::connection_opened() {
 
 void daemon::connection_closed() {
   --connections_;
+  if (refused_over_cap_ > 0 && connections_ < cfg_.max_connections) {
+    log("below the connection cap again (" + std::to_string(connections_) + " open); " +
+        std::to_string(refused_over_cap_) + " connection(s) were refused while at it");
+    refused_over_cap_ = 0;
+  }
   notify();
+}
+
+// The peer gets one error line (a fresh socket's buffer takes it without
+// blocking), then the hang-up. Logged once per stretch at the cap.
+void daemon::refuse_over_cap(asio::local::stream_protocol::socket& s) {
+  std::string why = "the daemon already serves " + std::to_string(connections_) +
+                    " connections, its limit (--max-connections " +
+                    std::to_string(cfg_.max_connections) + ")";
+  if (refused_over_cap_++ == 0)
+    log("refusing connections: " + why + "; logged once until one closes");
+  wire::error_rep e{"refused", why +
+                                   "; this connection is closed and nothing was done: close "
+                                   "an idle connection or raise the limit"};
+  std::string line = wire::encode(wire::reply{0, std::move(e)}) + "\n";
+  [[maybe_unused]] auto n =
+      ::send(s.native_handle(), line.data(), line.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  boost::system::error_code ig;
+  s.close(ig);
 }
 
 std::shared_ptr<job> daemon::find(const job_id& id) const {
@@ -371,6 +445,10 @@ awaitable<void> daemon::accept_loop() {
       log("refused a connection: " + peer.error().message);
       boost::system::error_code ig;
       s.close(ig);
+      continue;
+    }
+    if (connections_ >= cfg_.max_connections) {
+      refuse_over_cap(s);
       continue;
     }
     auto c = std::make_shared<connection>(*this, std::move(s));
@@ -665,6 +743,7 @@ awaitable<void> daemon::attach(std::shared_ptr<connection> c, std::uint64_t id,
   }
   std::uint64_t offset = r.offset;
   for (;;) {
+    co_await c->wait_room();  // read the output only once it can be queued
     if (c->broken()) co_return;
     auto s = j->out.read(offset, static_cast<std::size_t>(r.max_bytes));
     if (!s.data.empty() || s.skipped) {

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "job_store.hpp"
 #include "launcher.hpp"
@@ -40,6 +41,8 @@ struct daemon_config {
   std::chrono::milliseconds grace{20000};     // completed jobs stay this long
   std::chrono::milliseconds kill_wait{5000};  // TERM → KILL escalation
   std::chrono::milliseconds idle_exit{0};     // 0: never exit when idle
+  std::size_t max_connections = 256;          // more are told so and closed
+  std::size_t max_in_flight = 128;            // per connection; more requests wait unread
   std::size_t retain_bytes = protocol::head_tail::k_default_limit;
   launcher_config tools;
   // Test hook ($TETHER_SANDBOXD_THROW_ON=TYPE): answering a request of this
@@ -97,9 +100,12 @@ class daemon {
   asio::io_context& io() { return io_; }
   const daemon_config& config() const { return cfg_; }
   void log(const std::string& line) const;
+  /// The one buffer every connection reads into (single-threaded).
+  std::vector<char>& read_buffer() { return read_buffer_; }
 
  private:
   void spawn_accept_loop();
+  void refuse_over_cap(asio::local::stream_protocol::socket& s);
   awaitable<void> accept_loop();
   awaitable<void> watch(std::shared_ptr<job> j);
   awaitable<void> kill_sequence(std::shared_ptr<job> j, std::chrono::milliseconds wait);
@@ -123,7 +129,9 @@ class daemon {
   std::uint64_t revision_ = 1;
   asio::steady_timer changed_;
   asio::steady_timer idle_;
-  int connections_ = 0;
+  std::size_t connections_ = 0;
+  std::size_t refused_over_cap_ = 0;  // since the cap was last reached
+  std::vector<char> read_buffer_ = std::vector<char>(1 << 16);
   std::chrono::steady_clock::time_point last_activity_;
   bool stopping_ = false;
   // Output is scrubbed here, off the thread that serves connections: a job

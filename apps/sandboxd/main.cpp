@@ -1,5 +1,6 @@
 // tether-sandboxd --state-dir DIR [--sandbox-id ID] [--replace] [--grace-ms N]
-//                 [--kill-wait-ms N] [--retain-bytes N] [--idle-exit-ms N] [--ready-fd FD]
+//                 [--kill-wait-ms N] [--retain-bytes N] [--idle-exit-ms N]
+//                 [--max-connections N] [--max-in-flight N] [--ready-fd FD]
 //
 // One daemon per sandbox state directory. See docs/sandbox.md.
 #include <fcntl.h>
@@ -26,7 +27,7 @@ namespace {
 constexpr const char* k_usage =
     "usage: tether-sandboxd --state-dir DIR [--sandbox-id ID] [--replace] [--grace-ms N]\n"
     "                       [--kill-wait-ms N] [--retain-bytes N] [--idle-exit-ms N]\n"
-    "                       [--ready-fd FD]\n"
+    "                       [--max-connections N] [--max-in-flight N] [--ready-fd FD]\n"
     "       tether-sandboxd --crash-points\n";
 
 int fail(const std::string& msg) {
@@ -89,6 +90,10 @@ int daemon_main(int argc, char** argv) {
       cfg.retain_bytes = static_cast<std::size_t>(n);
     } else if (a == "--idle-exit-ms" && number(n)) {
       cfg.idle_exit = std::chrono::milliseconds(n);
+    } else if (a == "--max-connections" && number(n) && n >= 1) {
+      cfg.max_connections = static_cast<std::size_t>(n);
+    } else if (a == "--max-in-flight" && number(n) && n >= 1) {
+      cfg.max_in_flight = static_cast<std::size_t>(n);
     } else if (a == "--ready-fd" && number(n)) {
       ready_fd = static_cast<int>(n);
     } else if (a == "--crash-points") {
