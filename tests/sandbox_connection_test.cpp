@@ -3,12 +3,15 @@
 // requests in flight, and running out of file descriptors.
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -294,4 +297,84 @@ TEST_CASE("a connection's requests beyond its in-flight cap wait unread until on
     CHECK_THAT(*l, Catch::Contains(R"("state":"killed")"));
     break;
   }
+}
+
+namespace {
+
+int open_descriptors(int pid) {
+  int n = 0;
+  for ([[maybe_unused]] auto& e :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd"))
+    ++n;
+  return n;
+}
+
+// A number after `key` in `text` ("after 12 failed" → 12), or -1.
+long number_after(const std::string& text, const std::string& key) {
+  auto at = text.find(key);
+  return at == std::string::npos ? -1 : std::atol(text.c_str() + at + key.size());
+}
+
+}  // namespace
+
+TEST_CASE("the daemon raises its descriptor soft limit at start as far as the hard limit allows",
+          "[sandbox][connection]") {
+  // The daemon inherits our limit: a soft limit of 1024, common for login shells.
+  rlimit saved{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  rlimit mine = saved;
+  mine.rlim_cur = std::min<rlim_t>(saved.rlim_cur, 1024);
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &mine) == 0);
+  struct restore {
+    rlimit r;
+    ~restore() { ::setrlimit(RLIMIT_NOFILE, &r); }
+  } restore_after{saved};
+  sandbox_daemon d("sbx-conn-rlimit");
+  rlimit its{};
+  REQUIRE(::prlimit(d.handle().pid, RLIMIT_NOFILE, nullptr, &its) == 0);
+  rlim_t want = 4 * 256 + 1024;  // the default connection cap's needs
+  if (mine.rlim_max != RLIM_INFINITY) want = std::min(want, mine.rlim_max);
+  CHECK(its.rlim_cur == std::max(mine.rlim_cur, want));
+  CHECK(its.rlim_max == mine.rlim_max);
+}
+
+TEST_CASE(
+    "out of descriptors, the daemon logs once, waits instead of spinning on accept, and "
+    "serves again once descriptors are freed",
+    "[sandbox][connection][security]") {
+  sandbox_daemon d("sbx-conn-emfile");
+  int pid = d.handle().pid;
+  line_conn first(d.socket());
+  CHECK_THAT(first.ask(k_hello), Catch::Contains(R"("type":"hello")"));
+  // Room for 8 more connections only.
+  rlimit rl{};
+  REQUIRE(::prlimit(pid, RLIMIT_NOFILE, nullptr, &rl) == 0);
+  rl.rlim_cur = static_cast<rlim_t>(open_descriptors(pid) + 8);
+  REQUIRE(::prlimit(pid, RLIMIT_NOFILE, &rl, nullptr) == 0);
+
+  auto started = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<line_conn>> many;
+  for (int i = 0; i < 24; ++i) many.push_back(std::make_unique<line_conn>(d.socket()));
+  REQUIRE(d.wait_for_log("cannot accept connections", 60s));
+
+  // Free them all: each accepted one is closed by the daemon on end of
+  // stream, which lets it accept (and close) the ones still waiting.
+  for (auto& c : many) c->shutdown_write();
+  for (auto& c : many) CHECK(c->closed_by_daemon());
+  first.shutdown_write();
+  CHECK(first.closed_by_daemon());
+  auto elapsed =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started);
+
+  line_conn again(d.socket());
+  CHECK_THAT(again.ask(k_hello), Catch::Contains(R"("type":"hello")"));
+  auto log = d.full_log();
+  INFO(log);
+  CHECK(log.find("cannot accept connections") == log.rfind("cannot accept connections"));
+  CHECK_THAT(log, Catch::Contains("Too many open files"));
+  long attempts = number_after(log, "accepting connections again after ");
+  REQUIRE(attempts >= 1);
+  // Each retry waits for a close (at most one per connection opened or closed
+  // here) or a 1 s timer; a spinning loop makes thousands of attempts a second.
+  CHECK(attempts <= 2 * 25 + elapsed.count() + 2);
 }

@@ -1,6 +1,7 @@
 #include "daemon.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -438,7 +439,21 @@ awaitable<void> daemon::accept_loop() {
     auto [ec, s] = co_await acceptor_->async_accept(tuple_awaitable);
     if (ec) {
       if (stopping_ || ec == asio::error::operation_aborted) co_return;
+      if (ec.category() == boost::system::system_category() &&
+          (ec.value() == EMFILE || ec.value() == ENFILE)) {
+        co_await out_of_descriptors(ec);
+        continue;
+      }
+      log("accept failed: " + ec.message() + "; accepting the next connection");
       continue;
+    }
+    if (fd_short_since_ && connections_ <= fd_short_connections_ / 2) {
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - *fd_short_since_);
+      log("accepting connections again after " + std::to_string(fd_failed_accepts_) +
+          " failed attempts over " + std::to_string(ms.count()) + " ms");
+      fd_short_since_.reset();
+      fd_failed_accepts_ = 0;
     }
     // Only our own uid may drive jobs that run with our rights.
     if (auto peer = actors::check_peer_uid(s.native_handle(), "a client"); !peer) {
@@ -455,6 +470,30 @@ awaitable<void> daemon::accept_loop() {
     connection_opened();
     c->start();
   }
+}
+
+// Out of descriptors, accept fails at once and would fail again at once: the
+// pending connection stays in the backlog. Wait until something of ours was
+// closed (every connection close and job change notifies), or a second has
+// passed (ENFILE is freed by other processes). Logged when it starts and once
+// accepting works again with half as many connections open, not per attempt.
+awaitable<void> daemon::out_of_descriptors(boost::system::error_code ec) {
+  using namespace asio::experimental::awaitable_operators;
+  ++fd_failed_accepts_;
+  if (!fd_short_since_) {
+    fd_short_since_ = std::chrono::steady_clock::now();
+    fd_short_connections_ = connections_;
+    rlimit rl{};
+    ::getrlimit(RLIMIT_NOFILE, &rl);
+    log("cannot accept connections: " + ec.message() + " (descriptor limit " +
+        std::to_string(rl.rlim_cur) + ", " + std::to_string(connections_) +
+        " connections open); new clients wait until a descriptor is freed. Logged once "
+        "until accepting works again");
+  }
+  asio::steady_timer retry(io_, std::chrono::seconds(1));
+  auto freed = changed_.async_wait(tuple_awaitable);
+  auto later = retry.async_wait(tuple_awaitable);
+  co_await (std::move(freed) || std::move(later));
 }
 
 awaitable<void> daemon::idle_loop() {

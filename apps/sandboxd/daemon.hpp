@@ -106,6 +106,7 @@ class daemon {
  private:
   void spawn_accept_loop();
   void refuse_over_cap(asio::local::stream_protocol::socket& s);
+  awaitable<void> out_of_descriptors(boost::system::error_code ec);
   awaitable<void> accept_loop();
   awaitable<void> watch(std::shared_ptr<job> j);
   awaitable<void> kill_sequence(std::shared_ptr<job> j, std::chrono::milliseconds wait);
@@ -131,6 +132,10 @@ class daemon {
   asio::steady_timer idle_;
   std::size_t connections_ = 0;
   std::size_t refused_over_cap_ = 0;  // since the cap was last reached
+  // Since accept last failed for want of descriptors (EMFILE, ENFILE):
+  std::optional<std::chrono::steady_clock::time_point> fd_short_since_;
+  std::size_t fd_short_connections_ = 0;  // connections open when it started
+  std::uint64_t fd_failed_accepts_ = 0;
   std::vector<char> read_buffer_ = std::vector<char>(1 << 16);
   std::chrono::steady_clock::time_point last_activity_;
   bool stopping_ = false;

@@ -5,6 +5,7 @@
 // One daemon per sandbox state directory. See docs/sandbox.md.
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <boost/asio/signal_set.hpp>
@@ -38,6 +39,24 @@ int fail(const std::string& msg) {
 bool parse_num(const std::string& s, long long& out) {
   auto r = std::from_chars(s.data(), s.data() + s.size(), out);
   return r.ec == std::errc() && r.ptr == s.data() + s.size() && out >= 0;
+}
+
+// Each connection costs a descriptor and each running job about four: make
+// room for the connection cap plus 1024, as far as the hard limit allows.
+// (Jobs inherit the raised soft limit.)
+void raise_descriptor_limit(std::size_t max_connections) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  rlim_t want = static_cast<rlim_t>(4 * max_connections + 1024);
+  if (rl.rlim_max != RLIM_INFINITY && want > rl.rlim_max) want = rl.rlim_max;
+  if (want <= rl.rlim_cur) return;
+  rlim_t was = rl.rlim_cur;
+  rl.rlim_cur = want;
+  if (::setrlimit(RLIMIT_NOFILE, &rl) != 0)
+    std::fprintf(stderr,
+                 "tether-sandboxd: cannot raise the descriptor limit from %llu to %llu: %s\n",
+                 static_cast<unsigned long long>(was), static_cast<unsigned long long>(want),
+                 std::strerror(errno));
 }
 
 void say(int fd, const std::string& line) {
@@ -139,6 +158,7 @@ int daemon_main(int argc, char** argv) {
   }
   cfg.id = *id;
   cfg.tools = find_tools();
+  raise_descriptor_limit(cfg.max_connections);
 
   asio::io_context io;
   daemon d(io, cfg);
