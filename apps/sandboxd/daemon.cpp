@@ -439,13 +439,12 @@ awaitable<void> daemon::accept_loop() {
     auto [ec, s] = co_await acceptor_->async_accept(tuple_awaitable);
     if (ec) {
       if (stopping_ || ec == asio::error::operation_aborted) co_return;
-      if (ec.category() == boost::system::system_category() &&
-          (ec.value() == EMFILE || ec.value() == ENFILE)) {
+      int e = ec.category() == boost::system::system_category() ? ec.value() : 0;
+      if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
         co_await out_of_descriptors(ec);
         continue;
       }
-      log("accept failed: " + ec.message() + "; accepting the next connection");
-      continue;
+      continue;  // that connection's own failure (e.g. ECONNABORTED)
     }
     if (fd_short_since_ && connections_ <= fd_short_connections_ / 2) {
       auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -472,8 +471,8 @@ awaitable<void> daemon::accept_loop() {
   }
 }
 
-// Out of descriptors, accept fails at once and would fail again at once: the
-// pending connection stays in the backlog. Wait until something of ours was
+// Out of descriptors (or kernel memory), accept fails at once and would fail
+// again at once: the pending connection stays in the backlog. Wait until something of ours was
 // closed (every connection close and job change notifies), or a second has
 // passed (ENFILE is freed by other processes). Logged when it starts and once
 // accepting works again with half as many connections open, not per attempt.
