@@ -187,7 +187,7 @@ std::string exec_line(const std::string& command, const std::string& cwd) {
 }  // namespace
 
 TEST_CASE(
-    "connections over the daemon's cap are told so and closed; one more is served once "
+    "connections over the daemon's cap are told so and closed, and one more is served once "
     "another closes",
     "[sandbox][connection][security]") {
   actors::daemon_options o;
