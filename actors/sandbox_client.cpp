@@ -205,6 +205,11 @@ result<daemon_handle> ensure_daemon(const daemon_options& o) {
   ms("--kill-wait-ms", o.kill_wait);
   ms("--idle-exit-ms", o.idle_exit);
   if (o.retain_bytes) args.insert(args.end(), {"--retain-bytes", std::to_string(*o.retain_bytes)});
+  auto count = [&](const char* flag, std::optional<std::size_t> v) {
+    if (v) args.insert(args.end(), {flag, std::to_string(*v)});
+  };
+  count("--max-connections", o.max_connections);
+  count("--max-in-flight", o.max_in_flight);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -438,6 +443,7 @@ awaitable<void> read_all(state_ptr s) {
     auto [ec, n] =
         co_await asio::async_read_until(s->sock, asio::dynamic_buffer(buf), '\n', tuple_awaitable);
     if (ec) {
+      // A reason the daemon gave before hanging up stays the reason.
       if (s->lost.empty()) s->lost = ec == asio::error::eof ? "the daemon closed it" : ec.message();
       break;
     }
@@ -455,7 +461,13 @@ awaitable<void> read_all(state_ptr s) {
       continue;
     }
     auto it = s->pending.find(r->id);
-    if (it == s->pending.end()) continue;  // an abandoned request
+    if (it == s->pending.end()) {
+      // An error for no request (id 0) says why the daemon is about to hang up,
+      // e.g. its connection cap: keep it for the error the caller sees.
+      if (auto* e = std::get_if<wire::error_rep>(&r->body); e && r->id == 0 && e->code == "refused")
+        s->lost = "the daemon closed it: " + e->message;
+      continue;  // else an abandoned request
+    }
     auto ch = it->second;
     boost::system::error_code ok;
     co_await ch->async_send(ok, std::move(r->body), tuple_awaitable);

@@ -45,6 +45,7 @@ struct daemon_options {
   bool replace = false;    // bump the generation (fails if a daemon is running)
   std::optional<std::chrono::milliseconds> grace, kill_wait, idle_exit;
   std::optional<std::size_t> retain_bytes;
+  std::optional<std::size_t> max_connections, max_in_flight;  // --max-connections, --max-in-flight
   bool detach = true;    // setsid + double fork, so it outlives us; false: our child (tests)
   std::string log_file;  // default: <state_dir>/daemon.log
 };

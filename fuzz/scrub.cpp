@@ -2,8 +2,9 @@
 // surrounds them, a registered secret value and a known-format credential on
 // a line of its own never survive.
 //
-// Input: byte 0 picks where the known-format secret goes, byte 1 the chunk
-// size; the rest is the text.
+// Input: byte 0 picks the known-format secret, where it goes and whether
+// digits are glued before it ("91xoxb-…"); byte 1 the chunk size; the rest
+// is the text.
 #include "tether/protocol/scrub.hpp"
 
 #include <cstdint>
@@ -19,6 +20,7 @@ constexpr std::string_view k_known[] = {
     "AKIAIOSFODNN7EXAMPLE",                                     // AWS access key id
     "ghp_0123456789abcdefghijABCDEFGHIJ012345",                 // GitHub token
     "xoxb-123456789012-123456789012-abcdefghijABCDEFGHIJklmn",  // Slack bot token
+    "hf_abcdefghijklmnopqrstuvwxyz0123456",                     // short prefix
     "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----",
 };
 }  // namespace
@@ -29,17 +31,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::string body(reinterpret_cast<const char*>(data) + 2, size - 2);
   auto known = k_known[data[0] % std::size(k_known)];
   std::size_t at = body.empty() ? 0 : (data[0] * 131u) % (body.size() + 1);
-  std::string text = body.substr(0, at) + "\n" + std::string(known) + "\n" + body.substr(at);
+  bool pem = known.rfind("-----BEGIN", 0) == 0;
+  std::string glue = (data[0] & 0x80) && !pem ? "91" : "";
+  std::string planted = "\n" + glue + std::string(known) + "\n";
+  std::string text = body.substr(0, at) + planted + body.substr(at);
 
   // The registered value is redacted wherever it appears; the planted
-  // credential, alone on its line, is redacted whatever the input around it.
-  // (A credential glued to other word characters, "91xoxb-...", is not
-  // matched: the format matchers want a word boundary. Reported, not checked.)
+  // credential, alone on its line or glued after digits, is redacted
+  // whatever the input around it.
   auto check = [&](const std::string& out) {
     if (out.find(k_value) != std::string::npos) std::abort();
     // A PEM block: its header line followed by the key must not survive.
-    bool pem = known.rfind("-----BEGIN", 0) == 0;
-    std::string secret = pem ? std::string(known.substr(0, 60)) : "\n" + std::string(known) + "\n";
+    std::string secret = pem ? std::string(known.substr(0, 60)) : planted;
     if (out.find(secret) != std::string::npos) std::abort();
   };
   check(s.scrub(text));

@@ -287,9 +287,10 @@ bool after_ansi(std::string_view t, std::size_t at) {
   return i >= 2 && t[i - 1] == '[' && t[i - 2] == '\x1b';
 }
 
-// Short or word-like prefixes ("sk-", "key-") need a word boundary before
-// them; longer, distinctive ones are caught even when glued to a word
-// ("idAKIA…", "stripeKeysk_live_…").
+// Short or word-like prefixes ("sk-", "key-") must not follow a letter (as in
+// "task-…", "monkey-…"); a digit before them is no word ("91hf_…", a counter or
+// a byte count glued on). Longer, distinctive prefixes are caught even when
+// glued to a word ("idAKIA…", "stripeKeysk_live_…").
 bool needs_boundary(const token_rule& r) {
   return r.prefix.size() < 4 || r.prefix == "key-" || r.prefix == "xai-";
 }
@@ -301,7 +302,7 @@ void match_token_rules(std::string_view t, spans& out) {
     std::size_t run_begin = std::string_view::npos, run_end = 0;
     for (std::size_t at = t.find(r.prefix); at != std::string_view::npos;
          at = t.find(r.prefix, at + 1)) {
-      if (at > 0 && is_alnum(t[at - 1]) && needs_boundary(r) && !after_ansi(t, at)) continue;
+      if (at > 0 && is_alpha(t[at - 1]) && needs_boundary(r) && !after_ansi(t, at)) continue;
       std::size_t b = at + r.prefix.size();
       std::size_t e;
       if (run_begin != std::string_view::npos && b >= run_begin && b <= run_end) {

@@ -2,6 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/inotify.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -66,6 +69,54 @@ void sandbox_daemon::resume() {
   REQUIRE(::waitpid(h_.pid, &st, WCONTINUED) == h_.pid);
   REQUIRE(WIFCONTINUED(st));
   paused_ = false;
+}
+
+int sandbox_daemon::wait_exit(std::chrono::seconds limit) {
+  REQUIRE(h_.child);
+  int pfd = static_cast<int>(::syscall(SYS_pidfd_open, h_.pid, 0));
+  REQUIRE(pfd >= 0);
+  pollfd p{pfd, POLLIN, 0};
+  int n;
+  while ((n = ::poll(&p, 1, static_cast<int>(limit.count() * 1000))) < 0 && errno == EINTR) {
+  }
+  ::close(pfd);
+  INFO("the daemon did not exit within " << limit.count() << " s; daemon.log:\n" << log());
+  REQUIRE(n == 1);
+  int st = 0;
+  REQUIRE(::waitpid(h_.pid, &st, 0) == h_.pid);
+  h_.pid = 0;
+  return st;
+}
+
+std::string sandbox_daemon::full_log() const {
+  std::ifstream f(opts_.state_dir + "/daemon.log");
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+bool sandbox_daemon::wait_for_log(const std::string& needle, std::chrono::seconds limit) const {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  int in = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  REQUIRE(in >= 0);
+  std::string file = opts_.state_dir + "/daemon.log";
+  REQUIRE(::inotify_add_watch(in, file.c_str(), IN_MODIFY) >= 0);
+  bool found = false;
+  for (;;) {
+    // Checked after the watch is in place: a write in between is not missed.
+    if (full_log().find(needle) != std::string::npos) {
+      found = true;
+      break;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{in, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) < 0 && errno != EINTR) break;
+    char drain[4096];
+    while (::read(in, drain, sizeof drain) > 0) {
+    }
+  }
+  ::close(in);
+  return found;
 }
 
 std::string sandbox_daemon::log() const {

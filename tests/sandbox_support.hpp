@@ -2,6 +2,7 @@
 // A real tether-sandboxd per test, started as our child in a scratch state
 // directory, and helpers to drive it from coroutines.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -61,6 +62,14 @@ class sandbox_daemon {
   void pause();
   /// SIGCONT, confirmed (waitpid WCONTINUED).
   void resume();
+  /// Waits for the daemon to exit by itself (at most `limit`, then fails) and
+  /// reaps it; returns its wait status.
+  int wait_exit(std::chrono::seconds limit);
+  /// Waits (inotify, at most `limit`) until daemon.log holds `needle`; false
+  /// when the limit passed first.
+  bool wait_for_log(const std::string& needle, std::chrono::seconds limit) const;
+  /// The whole daemon.log.
+  std::string full_log() const;
 
   /// The daemon's log (its stderr), for failure messages.
   std::string log() const;

@@ -385,3 +385,35 @@ TEST_CASE("scrubbing a megabyte of each worst case takes linear time, whole or s
     CHECK(emitted > 0);
   }
 }
+
+TEST_CASE("a known-format token glued after digits is redacted, whatever its prefix's length",
+          "[sandbox][scrub]") {
+  // Found by fuzz/scrub.cpp: a counter or byte count printed flush against a
+  // credential ("91xoxb-…") hid short-prefixed ones from the format rules.
+  const std::vector<std::pair<std::string, std::string>> glued = {
+      {"91", "xoxb-123456789012-123456789012-abcdefghijABCDEFGHIJklmn"},
+      {"12", "ghp_0123456789abcdefghijABCDEFGHIJ012345"},
+      {"91", "hf_abcdefghijklmnopqrstuvwxyz0123456"},
+      {"2024", "sk-proj-abc123DEF456ghi789JKL012mno"},
+      {"7", "r8_abcdefghijklmnopqrstuvwxyz012345"},
+      {"0", "key-0123456789abcdef0123456789abcdef"},
+  };
+  scrubber s;
+  for (const auto& [digits, token] : glued) {
+    std::string text = "sent " + digits + token + " bytes\n";
+    INFO("input: " << text);
+    auto whole = s.scrub(text);
+    INFO("whole: " << whole);
+    CHECK(whole == "sent " + digits + std::string(k_redacted) + " bytes\n");
+    for (std::size_t cut = 1; cut < text.size(); ++cut) {
+      std::string_view v(text);
+      auto streamed = stream_all(s, {v.substr(0, cut), v.substr(cut)});
+      INFO("streamed, cut at " << cut << ": " << streamed);
+      CHECK(streamed == whole);
+    }
+  }
+  // A letter before a short prefix still makes it part of a word, not a token.
+  CHECK(s.scrub("task-abcdefghij0123456789abcd") == "task-abcdefghij0123456789abcd");
+  CHECK(s.scrub("monkey-0123456789abcdef0123456789abcdef") ==
+        "monkey-0123456789abcdef0123456789abcdef");
+}

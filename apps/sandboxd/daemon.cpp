@@ -1,6 +1,8 @@
 #include "daemon.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,12 +12,15 @@
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/experimental/channel.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <functional>
 #include <iostream>
+#include <stdexcept>
 
 #include "tether/actors/sandbox_client.hpp"
 #include "tether/protocol/ids.hpp"
@@ -28,6 +33,16 @@ namespace json = boost::json;
 constexpr auto tuple_awaitable = asio::as_tuple(asio::use_awaitable);
 using wait_type = asio::posix::descriptor_base::wait_type;
 
+std::string describe(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
 job::~job() {
   if (out_file >= 0) ::close(out_file);
   if (output_fd >= 0) ::close(output_fd);
@@ -36,38 +51,76 @@ job::~job() {
 
 // ---- one client connection ----------------------------------------------------------
 
+// What one connection may hold, whatever its peer does:
+// - at most --max-in-flight requests being answered (a following attach
+//   counts until its job ends); while that many are, no more is read, so the
+//   peer's writes back up in its own socket;
+// - replies are built only while fewer than k_max_queued_bytes wait to be
+//   written, so a peer that never reads holds at most that plus one reply
+//   (an attach chunk: up to 1 MiB, 1.4 MiB in base64);
+// - a partial request line of at most 1 MiB (wire::k_max_line).
+constexpr std::size_t k_max_queued_bytes = 1 << 20;
+
 class connection : public std::enable_shared_from_this<connection> {
  public:
   using socket_t = asio::local::stream_protocol::socket;
   using channel_t = asio::experimental::channel<void(boost::system::error_code, std::string)>;
 
-  connection(daemon& d, socket_t s) : d_(d), sock_(std::move(s)), out_(sock_.get_executor(), 64) {}
-
-  void start() {
-    auto ex = sock_.get_executor();
-    asio::co_spawn(ex, read_loop(shared_from_this()), asio::detached);
-    asio::co_spawn(ex, write_loop(shared_from_this()), asio::detached);
+  connection(daemon& d, socket_t s)
+      : d_(d), sock_(std::move(s)), out_(sock_.get_executor(), 64), wake_(sock_.get_executor()) {
+    wake_.expires_at(asio::steady_timer::time_point::max());
   }
 
-  /// Queues a reply; a closed connection drops it.
+  // Every coroutine of a connection ends through ended(): an exception is
+  // logged and the connection closed, so it is never left counted and open.
+  void start() {
+    auto ex = sock_.get_executor();
+    asio::co_spawn(ex, read_loop(shared_from_this()), ended("reading requests"));
+    asio::co_spawn(ex, write_loop(shared_from_this()), ended("writing replies"));
+  }
+
+  /// Queues a reply once there is room for it; a closed connection drops it.
   awaitable<void> send(std::uint64_t id, wire::reply_body body) {
+    co_await wait_room();
     if (broken_) co_return;
     wire::reply r{id, std::move(body)};
     std::string line = wire::encode(r);
     line.push_back('\n');
+    queued_bytes_ += line.size();
     boost::system::error_code ok;
     co_await out_.async_send(ok, std::move(line), tuple_awaitable);
+  }
+
+  /// Returns once fewer than k_max_queued_bytes wait to be written (or the
+  /// connection broke): build a large reply only after this.
+  awaitable<void> wait_room() {
+    while (!broken_ && queued_bytes_ >= k_max_queued_bytes) co_await wait_wake();
   }
 
   bool broken() const { return broken_; }
 
  private:
+  // Wakes every waiter of this connection; each re-checks what it waits for.
+  void wake() { wake_.cancel(); }
+  awaitable<void> wait_wake() {
+    auto [ec] = co_await wake_.async_wait(tuple_awaitable);
+    (void)ec;
+  }
+
   awaitable<void> read_loop(std::shared_ptr<connection> /*self: keeps us alive*/) {
     std::string buf;
-    std::vector<char> chunk(1 << 16);
     bool discarding = false;
+    boost::system::error_code nb;
+    sock_.non_blocking(true, nb);
     for (;;) {
-      auto [ec, n] = co_await sock_.async_read_some(asio::buffer(chunk), tuple_awaitable);
+      // Wait for bytes, then read them into the daemon's one read buffer: an
+      // idle connection holds no buffer of its own.
+      auto [wec] = co_await sock_.async_wait(socket_t::wait_read, tuple_awaitable);
+      if (wec) break;
+      auto& chunk = d_.read_buffer();
+      boost::system::error_code ec;
+      std::size_t n = sock_.read_some(asio::buffer(chunk), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) continue;
       if (ec) break;
       buf.append(chunk.data(), n);
       std::size_t start = 0;
@@ -86,10 +139,13 @@ class connection : public std::enable_shared_from_this<connection> {
           co_await send(0, too_long());
           continue;
         }
+        while (!broken_ && in_flight_ >= d_.config().max_in_flight) co_await wait_wake();
+        if (broken_) co_return;
         co_await handle_line(std::move(line));
         if (broken_) co_return;
       }
       buf.erase(0, start);
+      if (buf.empty() && buf.capacity() > (64u << 10)) std::string().swap(buf);
       if (buf.size() > wire::k_max_line) {
         if (!discarding) co_await send(0, too_long());
         discarding = true;
@@ -103,16 +159,49 @@ class connection : public std::enable_shared_from_this<connection> {
     for (;;) {
       auto [ec, line] = co_await out_.async_receive(tuple_awaitable);
       if (ec) break;
+      queued_bytes_ -= line.size();
       std::string batch = std::move(line);
       while (batch.size() < (256u << 10) &&
              out_.try_receive([&](boost::system::error_code e, std::string s) {
-               if (!e) batch += s;
+               if (e) return;
+               queued_bytes_ -= s.size();
+               batch += s;
              })) {
       }
+      wake();
       auto [wec, n] = co_await asio::async_write(sock_, asio::buffer(batch), tuple_awaitable);
       if (wec) break;
     }
     close();
+  }
+
+  std::function<void(std::exception_ptr)> ended(std::string what) {
+    return [self = shared_from_this(), what = std::move(what)](std::exception_ptr e) {
+      if (e)
+        self->d_.log("a connection failed " + what + ": " + describe(e) +
+                     "; it was closed (its jobs go on)");
+      self->close();
+    };
+  }
+
+  // A request answered by its own coroutine (it may wait for a job).
+  void spawn_request(awaitable<void> answer, std::uint64_t id, std::string type) {
+    auto self = shared_from_this();
+    ++in_flight_;
+    auto done = [self, id, type](std::exception_ptr e) {
+      --self->in_flight_;
+      self->wake();
+      if (!e) return;
+      self->d_.log("a connection failed answering " + type + " (request id " + std::to_string(id) +
+                   "): " + describe(e) + "; it was closed (its jobs go on)");
+      self->close();
+    };
+    asio::co_spawn(sock_.get_executor(), std::move(answer), std::move(done));
+  }
+
+  static awaitable<void> throw_now(std::string type) {
+    throw std::runtime_error("TETHER_SANDBOXD_THROW_ON=" + type + " (test hook)");
+    co_return;
   }
 
   static wire::error_rep too_long() {
@@ -142,6 +231,17 @@ class connection : public std::enable_shared_from_this<connection> {
     }
     std::uint64_t id = req->id;
     auto& body = req->body;
+    static constexpr const char* names[] = {"hello", "exec", "attach", "kill", "list", "expire"};
+    const std::string type = names[body.index()];
+    bool answered_apart = std::holds_alternative<wire::attach_req>(body) ||
+                          std::holds_alternative<wire::kill_req>(body) ||
+                          std::holds_alternative<wire::list_req>(body);
+    if (type == d_.config().throw_on && hello_) {
+      if (!answered_apart)
+        throw std::runtime_error("TETHER_SANDBOXD_THROW_ON=" + type + " (test hook)");
+      spawn_request(throw_now(type), id, type);
+      co_return;
+    }
     if (auto* h = std::get_if<wire::hello_req>(&body)) {
       if (h->version != wire::k_version) {
         wire::error_rep e{"unsupported_version",
@@ -171,14 +271,12 @@ class connection : public std::enable_shared_from_this<connection> {
                    std::holds_alternative<wire::kill_req>(body) ||
                    std::holds_alternative<wire::expire_req>(body);
     if (mutates && mode_ == wire::conn_mode::read_only) {
-      static constexpr const char* names[] = {"hello", "exec", "attach", "kill", "list", "expire"};
-      wire::error_rep e{"refused", std::string(names[body.index()]) +
+      wire::error_rep e{"refused", type +
                                        " is refused: this connection is read-only (hello mode "
                                        "read_only); nothing was started or changed"};
       co_await send(id, std::move(e));
       co_return;
     }
-    auto ex = sock_.get_executor();
     if (auto* x = std::get_if<wire::exec_req>(&body)) {
       auto rep = d_.exec(*x);
       co_await send(id, std::move(rep));
@@ -186,11 +284,11 @@ class connection : public std::enable_shared_from_this<connection> {
       auto rep = d_.expire(*e);
       co_await send(id, std::move(rep));
     } else if (auto* a = std::get_if<wire::attach_req>(&body)) {
-      asio::co_spawn(ex, d_.attach(shared_from_this(), id, std::move(*a)), asio::detached);
+      spawn_request(d_.attach(shared_from_this(), id, std::move(*a)), id, type);
     } else if (auto* k = std::get_if<wire::kill_req>(&body)) {
-      asio::co_spawn(ex, d_.kill(shared_from_this(), id, std::move(*k)), asio::detached);
+      spawn_request(d_.kill(shared_from_this(), id, std::move(*k)), id, type);
     } else if (auto* l = std::get_if<wire::list_req>(&body)) {
-      asio::co_spawn(ex, d_.list(shared_from_this(), id, std::move(*l)), asio::detached);
+      spawn_request(d_.list(shared_from_this(), id, std::move(*l)), id, type);
     }
   }
 
@@ -201,12 +299,16 @@ class connection : public std::enable_shared_from_this<connection> {
     sock_.close(ec);
     out_.cancel();
     out_.close();
+    wake();
     d_.connection_closed();
   }
 
   daemon& d_;
   socket_t sock_;
   channel_t out_;
+  asio::steady_timer wake_;  // a condition variable: see wake()
+  std::size_t queued_bytes_ = 0;
+  std::size_t in_flight_ = 0;  // requests answered by their own coroutine
   bool broken_ = false;
   bool hello_ = false;
   wire::conn_mode mode_ = wire::conn_mode::read_only;
@@ -243,7 +345,30 @@ void daemon::connection_opened() {
 
 void daemon::connection_closed() {
   --connections_;
+  if (refused_over_cap_ > 0 && connections_ < cfg_.max_connections) {
+    log("below the connection cap again (" + std::to_string(connections_) + " open); " +
+        std::to_string(refused_over_cap_) + " connection(s) were refused while at it");
+    refused_over_cap_ = 0;
+  }
   notify();
+}
+
+// The peer gets one error line (a fresh socket's buffer takes it without
+// blocking), then the hang-up. Logged once per stretch at the cap.
+void daemon::refuse_over_cap(asio::local::stream_protocol::socket& s) {
+  std::string why = "the daemon already serves " + std::to_string(connections_) +
+                    " connections, its limit (--max-connections " +
+                    std::to_string(cfg_.max_connections) + ")";
+  if (refused_over_cap_++ == 0)
+    log("refusing connections: " + why + "; logged once until one closes");
+  wire::error_rep e{"refused", why +
+                                   "; this connection is closed and nothing was done: close "
+                                   "an idle connection or raise the limit"};
+  std::string line = wire::encode(wire::reply{0, std::move(e)}) + "\n";
+  [[maybe_unused]] auto n =
+      ::send(s.native_handle(), line.data(), line.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  boost::system::error_code ig;
+  s.close(ig);
 }
 
 std::shared_ptr<job> daemon::find(const job_id& id) const {
@@ -281,7 +406,7 @@ result<void> daemon::start() {
   }
   ::umask(old_mask);
   ::chmod(sock.c_str(), 0600);
-  asio::co_spawn(io_, accept_loop(), asio::detached);
+  spawn_accept_loop();
   if (cfg_.idle_exit.count() > 0) asio::co_spawn(io_, idle_loop(), asio::detached);
   log("serving sandbox '" + cfg_.id.sandbox_id + "' generation " +
       std::to_string(cfg_.id.generation) + " on " + sock.string());
@@ -301,12 +426,35 @@ void daemon::shutdown(const std::string& why) {
   io_.stop();
 }
 
+// A failed accept loop would leave the daemon deaf while its jobs run: log
+// what ended it and start it again.
+void daemon::spawn_accept_loop() {
+  asio::co_spawn(io_, accept_loop(), [this](std::exception_ptr e) {
+    if (!e || stopping_) return;
+    log("the accept loop failed: " + describe(e) + "; starting it again");
+    asio::post(io_, [this] { spawn_accept_loop(); });
+  });
+}
+
 awaitable<void> daemon::accept_loop() {
   for (;;) {
     auto [ec, s] = co_await acceptor_->async_accept(tuple_awaitable);
     if (ec) {
       if (stopping_ || ec == asio::error::operation_aborted) co_return;
-      continue;
+      int e = ec.category() == boost::system::system_category() ? ec.value() : 0;
+      if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+        co_await out_of_descriptors(ec);
+        continue;
+      }
+      continue;  // that connection's own failure (e.g. ECONNABORTED)
+    }
+    if (fd_short_since_ && connections_ <= fd_short_connections_ / 2) {
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - *fd_short_since_);
+      log("accepting connections again after " + std::to_string(fd_failed_accepts_) +
+          " failed attempts over " + std::to_string(ms.count()) + " ms");
+      fd_short_since_.reset();
+      fd_failed_accepts_ = 0;
     }
     // Only our own uid may drive jobs that run with our rights.
     if (auto peer = actors::check_peer_uid(s.native_handle(), "a client"); !peer) {
@@ -315,10 +463,38 @@ awaitable<void> daemon::accept_loop() {
       s.close(ig);
       continue;
     }
+    if (connections_ >= cfg_.max_connections) {
+      refuse_over_cap(s);
+      continue;
+    }
     auto c = std::make_shared<connection>(*this, std::move(s));
     connection_opened();
     c->start();
   }
+}
+
+// Out of descriptors (or kernel memory), accept fails at once and would fail
+// again at once: the pending connection stays in the backlog. Wait until something of ours was
+// closed (every connection close and job change notifies), or a second has
+// passed (ENFILE is freed by other processes). Logged when it starts and once
+// accepting works again with half as many connections open, not per attempt.
+awaitable<void> daemon::out_of_descriptors(boost::system::error_code ec) {
+  using namespace asio::experimental::awaitable_operators;
+  ++fd_failed_accepts_;
+  if (!fd_short_since_) {
+    fd_short_since_ = std::chrono::steady_clock::now();
+    fd_short_connections_ = connections_;
+    rlimit rl{};
+    ::getrlimit(RLIMIT_NOFILE, &rl);
+    log("cannot accept connections: " + ec.message() + " (descriptor limit " +
+        std::to_string(rl.rlim_cur) + ", " + std::to_string(connections_) +
+        " connections open); new clients wait until a descriptor is freed. Logged once "
+        "until accepting works again");
+  }
+  asio::steady_timer retry(io_, std::chrono::seconds(1));
+  auto freed = changed_.async_wait(tuple_awaitable);
+  auto later = retry.async_wait(tuple_awaitable);
+  co_await (std::move(freed) || std::move(later));
 }
 
 awaitable<void> daemon::idle_loop() {
@@ -638,6 +814,7 @@ awaitable<void> daemon::attach(std::shared_ptr<connection> c, std::uint64_t id,
   }
   std::uint64_t offset = r.offset;
   for (;;) {
+    co_await c->wait_room();  // read the output only once it can be queued
     if (c->broken()) co_return;
     auto s = j->out.read(offset, static_cast<std::size_t>(r.max_bytes));
     if (!s.data.empty() || s.skipped) {

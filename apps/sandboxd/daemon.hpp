@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "job_store.hpp"
 #include "launcher.hpp"
@@ -43,9 +44,17 @@ struct daemon_config {
   std::chrono::milliseconds grace{std::chrono::hours(6)};
   std::chrono::milliseconds kill_wait{5000};  // TERM → KILL escalation
   std::chrono::milliseconds idle_exit{0};     // 0: never exit when idle
+  std::size_t max_connections = 256;          // more are told so and closed
+  std::size_t max_in_flight = 128;            // per connection; more requests wait unread
   std::size_t retain_bytes = protocol::head_tail::k_default_limit;
   launcher_config tools;
+  // Test hook ($TETHER_SANDBOXD_THROW_ON=TYPE): answering a request of this
+  // type throws, as a bug would; empty in normal runs.
+  std::string throw_on;
 };
+
+/// What an exception carried, for a log line.
+std::string describe(std::exception_ptr e);
 
 struct job {
   explicit job(asio::io_context& io, std::size_t retain) : out(retain / 2, retain / 2), grace(io) {}
@@ -92,8 +101,15 @@ class daemon {
   void connection_opened();
   void connection_closed();
   asio::io_context& io() { return io_; }
+  const daemon_config& config() const { return cfg_; }
+  void log(const std::string& line) const;
+  /// The one buffer every connection reads into (single-threaded).
+  std::vector<char>& read_buffer() { return read_buffer_; }
 
  private:
+  void spawn_accept_loop();
+  void refuse_over_cap(asio::local::stream_protocol::socket& s);
+  awaitable<void> out_of_descriptors(boost::system::error_code ec);
   awaitable<void> accept_loop();
   awaitable<void> watch(std::shared_ptr<job> j);
   awaitable<void> kill_sequence(std::shared_ptr<job> j, std::chrono::milliseconds wait);
@@ -108,7 +124,6 @@ class daemon {
   result<void> recover();
   wire::error_rep not_found(const job_id& id) const;
   std::shared_ptr<job> find(const job_id& id) const;
-  void log(const std::string& line) const;
 
   asio::io_context& io_;
   daemon_config cfg_;
@@ -118,7 +133,13 @@ class daemon {
   std::uint64_t revision_ = 1;
   asio::steady_timer changed_;
   asio::steady_timer idle_;
-  int connections_ = 0;
+  std::size_t connections_ = 0;
+  std::size_t refused_over_cap_ = 0;  // since the cap was last reached
+  // Since accept last failed for want of descriptors (EMFILE, ENFILE):
+  std::optional<std::chrono::steady_clock::time_point> fd_short_since_;
+  std::size_t fd_short_connections_ = 0;  // connections open when it started
+  std::uint64_t fd_failed_accepts_ = 0;
+  std::vector<char> read_buffer_ = std::vector<char>(1 << 16);
   std::chrono::steady_clock::time_point last_activity_;
   bool stopping_ = false;
   // Empty once bwrap proved it can isolate a job here; else why it cannot.

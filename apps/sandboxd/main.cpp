@@ -1,9 +1,11 @@
 // tether-sandboxd --state-dir DIR [--sandbox-id ID] [--replace] [--grace-ms N]
-//                 [--kill-wait-ms N] [--retain-bytes N] [--idle-exit-ms N] [--ready-fd FD]
+//                 [--kill-wait-ms N] [--retain-bytes N] [--idle-exit-ms N]
+//                 [--max-connections N] [--max-in-flight N] [--ready-fd FD]
 //
 // One daemon per sandbox state directory. See docs/sandbox.md.
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <boost/asio/signal_set.hpp>
@@ -26,7 +28,7 @@ namespace {
 constexpr const char* k_usage =
     "usage: tether-sandboxd --state-dir DIR [--sandbox-id ID] [--replace] [--grace-ms N]\n"
     "                       [--kill-wait-ms N] [--retain-bytes N] [--idle-exit-ms N]\n"
-    "                       [--ready-fd FD]\n"
+    "                       [--max-connections N] [--max-in-flight N] [--ready-fd FD]\n"
     "       tether-sandboxd --crash-points\n";
 
 int fail(const std::string& msg) {
@@ -37,6 +39,24 @@ int fail(const std::string& msg) {
 bool parse_num(const std::string& s, long long& out) {
   auto r = std::from_chars(s.data(), s.data() + s.size(), out);
   return r.ec == std::errc() && r.ptr == s.data() + s.size() && out >= 0;
+}
+
+// Each connection costs a descriptor and each running job about four: make
+// room for the connection cap plus 1024, as far as the hard limit allows.
+// (Jobs inherit the raised soft limit.)
+void raise_descriptor_limit(std::size_t max_connections) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  rlim_t want = static_cast<rlim_t>(4 * max_connections + 1024);
+  if (rl.rlim_max != RLIM_INFINITY && want > rl.rlim_max) want = rl.rlim_max;
+  if (want <= rl.rlim_cur) return;
+  rlim_t was = rl.rlim_cur;
+  rl.rlim_cur = want;
+  if (::setrlimit(RLIMIT_NOFILE, &rl) != 0)
+    std::fprintf(stderr,
+                 "tether-sandboxd: cannot raise the descriptor limit from %llu to %llu: %s\n",
+                 static_cast<unsigned long long>(was), static_cast<unsigned long long>(want),
+                 std::strerror(errno));
 }
 
 void say(int fd, const std::string& line) {
@@ -57,6 +77,7 @@ int daemon_main(int argc, char** argv) {
     ::unsetenv("TETHER_CRASH_AT");
   if (auto r = runtime::check_crash_env(); !r) return fail(r.error().message);
   daemon_config cfg;
+  if (const char* t = std::getenv("TETHER_SANDBOXD_THROW_ON")) cfg.throw_on = t;
   std::string wanted_id;
   bool replace = false;
   int ready_fd = -1;
@@ -88,6 +109,10 @@ int daemon_main(int argc, char** argv) {
       cfg.retain_bytes = static_cast<std::size_t>(n);
     } else if (a == "--idle-exit-ms" && number(n)) {
       cfg.idle_exit = std::chrono::milliseconds(n);
+    } else if (a == "--max-connections" && number(n) && n >= 1) {
+      cfg.max_connections = static_cast<std::size_t>(n);
+    } else if (a == "--max-in-flight" && number(n) && n >= 1) {
+      cfg.max_in_flight = static_cast<std::size_t>(n);
     } else if (a == "--ready-fd" && number(n)) {
       ready_fd = static_cast<int>(n);
     } else if (a == "--crash-points") {
@@ -133,6 +158,7 @@ int daemon_main(int argc, char** argv) {
   }
   cfg.id = *id;
   cfg.tools = find_tools();
+  raise_descriptor_limit(cfg.max_connections);
 
   asio::io_context io;
   daemon d(io, cfg);
