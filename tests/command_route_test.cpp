@@ -161,7 +161,7 @@ bool same_sandbox(const wire::hello_rep& a, const wire::hello_rep& b) {
 
 }  // namespace
 
-TEST_CASE("only connection-level failures count as infrastructure failures; daemon answers do not",
+TEST_CASE("only connection-level failures count as infrastructure failures, daemon answers do not",
           "[route]") {
   for (auto c : {errc::io, errc::closed, errc::timeout, errc::stopped, errc::dropped, errc::failed})
     CHECK(actors::is_infrastructure_failure(error{c, "x"}));
@@ -332,7 +332,7 @@ TEST_CASE("the fallback threshold is configurable, and below one it is one", "[r
   run(body());
 }
 
-TEST_CASE("a route failing only waits falls back on the wait; the exec went through the adapter",
+TEST_CASE("a route failing only waits falls back on the wait, the exec went through the adapter",
           "[route]") {
   sandbox_daemon d("route-only-wait");
   auto cwd = d.dir().path().string();

@@ -46,7 +46,7 @@ int count_rows(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("500 concurrent writers commit in far fewer transactions; 5 bad ones fail alone") {
+TEST_CASE("500 concurrent writers commit in far fewer transactions, 5 bad ones fail alone") {
   test::scratch_dir dir("group");
   auto w = open_writer(dir.file("t.db"));
   create_table(*w);

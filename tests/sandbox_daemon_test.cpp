@@ -17,7 +17,7 @@ using namespace tether::test;
 using protocol::job_state;
 
 TEST_CASE(
-    "a daemon says its sandbox id, generation and protocol version; --replace bumps the generation",
+    "a daemon says its sandbox id, generation and protocol version, --replace bumps the generation",
     "[sandbox]") {
   actors::daemon_options o;
   o.sandbox_id = "sbx-hello";
@@ -206,7 +206,7 @@ TEST_CASE("completed jobs are kept for the grace period: a late poll gets the tr
 }
 
 TEST_CASE(
-    "if cleanup won the race the retained output comes back with exit -1; no output is an error",
+    "if cleanup won the race the retained output comes back with exit -1, no output is an error",
     "[sandbox]") {
   sandbox_daemon d("sbx-minus1");
   auto cwd = d.dir().path().string();
@@ -328,7 +328,7 @@ TEST_CASE("exec with a job id the daemon knows starts nothing new", "[sandbox]")
   run(body());
 }
 
-TEST_CASE("connecting never starts a daemon; read-only or not, no daemon is an error",
+TEST_CASE("connecting never starts a daemon, read-only or not, no daemon is an error",
           "[sandbox]") {
   scratch_dir dir("sbx-nodaemon");
   auto body = [&]() -> awaitable<void> {
