@@ -374,8 +374,11 @@ awaitable<void> write_all(state_ptr s) {
     }
     auto [ec, n] = co_await asio::async_write(s->sock, asio::buffer(batch), tuple_awaitable);
     if (ec) {
+      // Only our sending side ends: the reader still reads what the daemon
+      // said before it hung up (e.g. why it refused this connection), then
+      // reports the end. Closing here raced it ("Operation canceled").
       boost::system::error_code ig;
-      s->sock.close(ig);  // the reader reports it
+      s->sock.shutdown(asio::socket_base::shutdown_send, ig);
       break;
     }
   }

@@ -387,3 +387,55 @@ TEST_CASE(
   // here) or a 1 s timer; a spinning loop makes thousands of attempts a second.
   CHECK(attempts <= 2 * 25 + elapsed.count() + 2);
 }
+
+TEST_CASE(
+    "a job whose watcher throws ends with an unknown status that says why, its processes killed",
+    "[sandbox][connection]") {
+  env_var hook("TETHER_SANDBOXD_THROW_ON", "watch");
+  sandbox_daemon d("sbx-watch-throws");
+  auto cwd = d.dir().path().string();
+  auto body = [&]() -> awaitable<void> {
+    auto c = co_await connect(d.socket());
+    auto s = co_await c->exec(command("sleep 300", cwd));
+    REQUIRE(s.has_value());
+    auto done = co_await c->wait(s->job);
+    REQUIRE(done.has_value());
+    CHECK(done->status.state == protocol::job_state::unknown);
+    CHECK_THAT(done->status.reason, Catch::Contains("watcher of this job failed") &&
+                                        Catch::Contains("TETHER_SANDBOXD_THROW_ON=watch"));
+    CHECK(live_group_members(static_cast<int>(s->pid)).empty());
+  };
+  run(body());
+  CHECK_THAT(d.full_log(), Catch::Contains("watching it failed"));
+}
+
+TEST_CASE("a kill whose kill sequence throws is still confirmed, after one escalated retry",
+          "[sandbox][connection]") {
+  env_var hook("TETHER_SANDBOXD_THROW_ON", "kill_sequence");
+  sandbox_daemon d("sbx-kill-throws");
+  auto cwd = d.dir().path().string();
+  auto body = [&]() -> awaitable<void> {
+    auto c = co_await connect(d.socket());
+    auto s = co_await c->exec(command("sleep 300", cwd));
+    REQUIRE(s.has_value());
+    auto k = co_await c->kill(s->job, std::chrono::milliseconds(60000));
+    REQUIRE(k.has_value());
+    CHECK(k->status.state == protocol::job_state::killed);
+    CHECK(k->status.signal == SIGKILL);  // the retry escalated at once
+    CHECK(live_group_members(static_cast<int>(s->pid)).empty());
+  };
+  run(body());
+  CHECK_THAT(d.full_log(), Catch::Contains("its kill sequence failed") &&
+                               Catch::Contains("trying again with SIGKILL"));
+}
+
+TEST_CASE("an idle-exit loop that throws is started again, and the idle daemon still exits",
+          "[sandbox][connection]") {
+  env_var hook("TETHER_SANDBOXD_THROW_ON", "idle");
+  sandbox_daemon d("sbx-idle-throws", idle_exit(100ms));
+  int st = d.wait_exit(60s);
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  CHECK_THAT(d.full_log(),
+             Catch::Contains("the idle-exit loop failed") && Catch::Contains("idle for 100 ms"));
+}

@@ -407,7 +407,7 @@ result<void> daemon::start() {
   ::umask(old_mask);
   ::chmod(sock.c_str(), 0600);
   spawn_accept_loop();
-  if (cfg_.idle_exit.count() > 0) asio::co_spawn(io_, idle_loop(), asio::detached);
+  if (cfg_.idle_exit.count() > 0) spawn_idle_loop();
   log("serving sandbox '" + cfg_.id.sandbox_id + "' generation " +
       std::to_string(cfg_.id.generation) + " on " + sock.string());
   return {};
@@ -433,6 +433,56 @@ void daemon::spawn_accept_loop() {
     if (!e || stopping_) return;
     log("the accept loop failed: " + describe(e) + "; starting it again");
     asio::post(io_, [this] { spawn_accept_loop(); });
+  });
+}
+
+bool daemon::hook_throws(const std::string& where) {
+  return cfg_.throw_on == where && hooks_fired_.insert(where).second;
+}
+
+// A watcher that failed would leave its job running for ever in our books and
+// its processes untracked: log what ended it, kill the job's process group and
+// end the job with an unknown status that says why.
+void daemon::spawn_watch(std::shared_ptr<job> j) {
+  asio::co_spawn(io_, watch(j), [this, j](std::exception_ptr e) {
+    if (!e || stopping_ || !j->running()) return;
+    auto what = describe(e);
+    log("job " + j->rec.job + ": watching it failed: " + what +
+        "; its process group is killed and the job ends with an unknown status");
+    if (j->rec.pid > 0) ::kill(-static_cast<pid_t>(j->rec.pid), SIGKILL);
+    if (j->is_child && j->pidfd >= 0) {  // killed: reaped at once
+      int fd = std::exchange(j->pidfd, -1);
+      reap(fd);
+      ::close(fd);
+    }
+    try {
+      finalize(j, std::nullopt,
+               "the daemon's watcher of this job failed (" + what + "); its processes were killed");
+    } catch (const std::exception& x) {
+      log("job " + j->rec.job + ": ending it failed too: " + x.what());
+    }
+  });
+}
+
+// A kill sequence that failed would leave its kill request waiting for a
+// confirmation that never comes: log it and run it again once, escalated
+// straight to SIGKILL.
+void daemon::spawn_kill_sequence(std::shared_ptr<job> j, std::chrono::milliseconds wait,
+                                 bool retried) {
+  asio::co_spawn(io_, kill_sequence(j, wait), [this, j, retried](std::exception_ptr e) {
+    if (!e || stopping_) return;
+    log("job " + j->rec.job + ": its kill sequence failed: " + describe(e) +
+        (retried ? "; it is not tried again" : "; trying again with SIGKILL"));
+    if (!retried) spawn_kill_sequence(j, std::chrono::milliseconds(0), true);
+  });
+}
+
+// A failed idle loop would keep an idle daemon up for ever: log it and start it again.
+void daemon::spawn_idle_loop() {
+  asio::co_spawn(io_, idle_loop(), [this](std::exception_ptr e) {
+    if (!e || stopping_) return;
+    log("the idle-exit loop failed: " + describe(e) + "; starting it again");
+    asio::post(io_, [this] { spawn_idle_loop(); });
   });
 }
 
@@ -498,6 +548,7 @@ awaitable<void> daemon::out_of_descriptors(boost::system::error_code ec) {
 }
 
 awaitable<void> daemon::idle_loop() {
+  if (hook_throws("idle")) throw std::runtime_error("TETHER_SANDBOXD_THROW_ON=idle (test hook)");
   for (;;) {
     idle_.expires_after(cfg_.idle_exit);
     co_await idle_.async_wait(tuple_awaitable);
@@ -616,7 +667,7 @@ wire::reply_body daemon::exec(const wire::exec_req& r) {
   jobs_[id.str()] = j;
   ++revision_;
   notify();
-  asio::co_spawn(io_, watch(j), asio::detached);
+  spawn_watch(j);
   wire::started_rep s{id, rec.pid, false};
   return s;
 }
@@ -671,6 +722,7 @@ void daemon::append_output(job& j, std::string_view s) {
 
 awaitable<void> daemon::watch(std::shared_ptr<job> j) {
   using namespace asio::experimental::awaitable_operators;
+  if (hook_throws("watch")) throw std::runtime_error("TETHER_SANDBOXD_THROW_ON=watch (test hook)");
   asio::posix::stream_descriptor pid_d(io_, std::exchange(j->pidfd, -1));
   std::optional<asio::posix::stream_descriptor> out_d;
   bool open = j->output_fd >= 0;
@@ -849,7 +901,7 @@ awaitable<void> daemon::kill(std::shared_ptr<connection> c, std::uint64_t id, wi
     if (auto w = write_record(j->dir, j->rec); !w)
       log("job " + j->rec.job + ": " + w.error().message);
     auto wait = r.wait_ms ? std::chrono::milliseconds(*r.wait_ms) : cfg_.kill_wait;
-    asio::co_spawn(io_, kill_sequence(j, wait), asio::detached);
+    spawn_kill_sequence(j, wait, false);
   }
   while (!j->stop_confirmed) {
     if (c->broken()) co_return;
@@ -861,6 +913,8 @@ awaitable<void> daemon::kill(std::shared_ptr<connection> c, std::uint64_t id, wi
 
 awaitable<void> daemon::kill_sequence(std::shared_ptr<job> j, std::chrono::milliseconds wait) {
   using namespace asio::experimental::awaitable_operators;
+  if (hook_throws("kill_sequence"))
+    throw std::runtime_error("TETHER_SANDBOXD_THROW_ON=kill_sequence (test hook)");
   auto pgid = static_cast<pid_t>(j->rec.pid);
   bool escalated = wait.count() == 0;
   ::kill(-pgid, escalated ? SIGKILL : SIGTERM);
@@ -992,7 +1046,7 @@ result<void> daemon::recover() {
         j->pidfd = fd;
         j->is_child = false;
         log("job " + id + " (pid " + std::to_string(pid) + ") is still running; watching it again");
-        asio::co_spawn(io_, watch(j), asio::detached);
+        spawn_watch(j);
         continue;
       }
     }

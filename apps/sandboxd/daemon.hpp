@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "job_store.hpp"
@@ -108,6 +109,13 @@ class daemon {
 
  private:
   void spawn_accept_loop();
+  // Each job coroutine runs under a completion handler: an exception is
+  // logged and the normal cleanup runs (see daemon.cpp).
+  void spawn_watch(std::shared_ptr<job> j);
+  void spawn_kill_sequence(std::shared_ptr<job> j, std::chrono::milliseconds wait, bool retried);
+  void spawn_idle_loop();
+  /// The TETHER_SANDBOXD_THROW_ON test hook for `where`: true once.
+  bool hook_throws(const std::string& where);
   void refuse_over_cap(asio::local::stream_protocol::socket& s);
   awaitable<void> out_of_descriptors(boost::system::error_code ec);
   awaitable<void> accept_loop();
@@ -127,6 +135,7 @@ class daemon {
 
   asio::io_context& io_;
   daemon_config cfg_;
+  std::set<std::string> hooks_fired_;
   std::unique_ptr<asio::local::stream_protocol::acceptor> acceptor_;
   std::unique_ptr<slot_pool> pool_;
   std::map<std::string, std::shared_ptr<job>> jobs_;
