@@ -479,17 +479,15 @@ awaitable<result<boot_report>> host::boot() {
   // many rows it owes.
   std::set<session_id> children_with_jobs;
   std::map<session_id, result<int>> resumes;  // the child's count after this boot's bump
+  // Shells are watched again only after phases 2 and 3: a shell that exited
+  // while the host was down would otherwise wake its owner now, and the busy
+  // period it begins would look like a crashed claim to phase 3, which would
+  // release it (and a crash before its settle would lose its report).
+  std::vector<shell_info> shells_to_reattach;
   for (auto& row : *jobs) {
     if (row.kind == "shell") {
       if (!row.child) continue;
-      shell_info s{row.id.str(), *row.child, row.description, -1};
-      activity(+1, true);
-      {
-        std::lock_guard lk(shells_m_);
-        shell_table_[s.id] = s;
-      }
-      shells_->reattach(s);
-      ++rep.shells_reattached;
+      shells_to_reattach.push_back({row.id.str(), *row.child, row.description, -1});
       continue;
     }
     if (row.status != job_status::running) {
@@ -620,7 +618,16 @@ awaitable<result<boot_report>> host::boot() {
       (phase == 2 ? rep.resumed_top : rep.resumed_children)++;
     }
   }
-  // Only now may a job followed since recovery wake its session.
+  // Only now may a shell or a job followed since recovery wake its session.
+  for (auto& s : shells_to_reattach) {
+    activity(+1, true);
+    {
+      std::lock_guard lk(shells_m_);
+      shell_table_[s.id] = s;
+    }
+    shells_->reattach(s);
+    ++rep.shells_reattached;
+  }
   jobs_->sessions_resumed();
   std::lock_guard lk(*rep_m);
   co_return rep;

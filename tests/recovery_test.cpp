@@ -1,6 +1,10 @@
 // Recovery after a failed write: what a restart owes and delivers, and what
 // the running host does by itself once the fault clears.
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
 
 #include "report_support.hpp"
 
@@ -155,4 +159,85 @@ TEST_CASE("a settled report whose delivery fails reaches its parent while the ho
   REQUIRE(jobs);
   CHECK(jobs->empty());
   CHECK(warned(f, {"the delivery is retried"}));
+}
+
+TEST_CASE(
+    "a shell that exited while the host was down wakes its owner only after boot released the "
+    "claims it owes nothing, so the period it begins keeps its claim on disk",
+    "[recovery][regression]") {
+  report_fixture f("recovery-shell-exited-down");
+  child_answers_its_inbox(f);
+  f.parent_spawns("child");
+  REQUIRE(f.sync(f.host->wait_idle(session_id("parent"))));
+  f.quiet();  // the child's first report delivered
+  // On disk at the restart: the child's shell registered, and a report owed
+  // to the parent (boot delivers it before it looks at claims).
+  persistence::job_row shell;
+  shell.id = protocol::job_id("sh_down");
+  shell.nid = protocol::notification_id("sh_down");
+  shell.kind = "shell";
+  shell.child = session_id("child");
+  shell.description = "check-routes";
+  REQUIRE(f.sync(f.host->store().write_job(shell)));
+  persistence::job_row owed;
+  owed.id = protocol::job_id("msg_owed");
+  owed.nid = protocol::notification_id("msg_owed");
+  owed.mode = "none";
+  owed.parent = session_id("parent");
+  owed.child = session_id("child");
+  owed.status = persistence::job_status::completed;
+  owed.body = "owed report";
+  owed.description = "Audit routes";
+  REQUIRE(f.sync(f.host->store().write_job(owed)));
+  f.close();
+  // The shell exited while the host was down: its status and output are on disk.
+  auto shells = std::filesystem::path(f.dir.file("tether.db.shells"));
+  std::filesystem::create_directories(shells);
+  std::ofstream(shells / "sh_down.out") << "routes: 14 checked, 0 broken\n";
+  std::ofstream(shells / "sh_down.status") << "0\n";
+
+  // While boot delivers the owed report: if boot already watches the shell,
+  // its owner's period begins before boot decides which claims to release
+  // (the order that released that period's claim). The wait is bounded only
+  // so that the test fails rather than hangs.
+  std::mutex m;
+  std::condition_variable cv;
+  bool child_began = false, waited_in_vain = false;
+  f.observer->on_started = [&](const session_id& s) {
+    if (s.str() != "child") return;
+    std::lock_guard lk(m);
+    child_began = true;
+    cv.notify_all();
+  };
+  f.observer->on_admitted = [&](const session_id& s) {
+    if (s.str() != "parent") return;
+    bool watched = false;
+    for (auto& r : f.host->outstanding(session_id("child"))) watched |= r.detail == "sh_down";
+    if (!watched) return;
+    std::unique_lock lk(m);
+    if (!cv.wait_for(lk, std::chrono::seconds(60), [&] { return child_began; }))
+      waited_in_vain = true;
+  };
+  // The child's period that answers the shell's notice holds at its settle.
+  auto settling = runtime::one_shot<int>::make();
+  auto release = runtime::one_shot<int>::make();
+  f.observer->on_settling = [&](const session_id& s) -> boost::asio::awaitable<void> {
+    if (s.str() != "child") co_return;
+    settling->set(1);
+    co_await release->async_wait(boost::asio::use_awaitable);
+  };
+  f.open();
+  CHECK_FALSE(waited_in_vain);
+  f.sync(settling->async_wait(boost::asio::use_awaitable));
+  // The period is live and unsettled: its claim is on disk, so a crash now
+  // leaves a claim the next boot resumes (its report is owed nowhere else).
+  auto child = f.host->store().session(session_id("child"));
+  REQUIRE(child);
+  REQUIRE(*child);
+  CHECK((*child)->time_suspended);
+  release->set(1);
+  f.quiet();
+  CHECK(f.boot.shells_reattached == 1);
+  CHECK(bodies_with(f, "parent", "owed report") == 1);
+  CHECK(bodies_with(f, "parent", "final answer") == 1);
 }

@@ -53,11 +53,22 @@ struct counting_observer : actors::run_observer {
   std::function<boost::asio::awaitable<void>(const session_id&)> on_settling;
   // Called after a settle committed, before its report is delivered.
   std::function<void(const session_id&)> on_settled;
+  // Called on the session's executor after a busy period began.
+  std::function<void(const session_id&)> on_started;
+  // Called on the parent's executor when a report was admitted into its
+  // inbox, before the admit is answered (a boot's delivery waits for it).
+  std::function<void(const session_id&)> on_admitted;
 
   void started(const session_id& s, std::int64_t seq) override {
-    std::lock_guard lk(m);
-    started_count[s.str()]++;
-    started_seqs[s.str()].push_back(seq);
+    {
+      std::lock_guard lk(m);
+      started_count[s.str()]++;
+      started_seqs[s.str()].push_back(seq);
+    }
+    if (on_started) on_started(s);
+  }
+  void admitted(const session_id& parent, const protocol::notification_id&) override {
+    if (on_admitted) on_admitted(parent);
   }
   boost::asio::awaitable<void> settling(const session_id& s) override {
     if (on_settling) co_await on_settling(s);
