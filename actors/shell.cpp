@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "tether/actors/sandbox_client.hpp"
 #include "tether/protocol/output_tail.hpp"
 #include "tether/protocol/report.hpp"
 
@@ -56,18 +57,6 @@ std::string read_file(const std::string& p) {
   return ss.str();
 }
 
-// The environment this process (and so every shell it starts) has.
-protocol::scrub_rules rules_of_environ() {
-  std::vector<std::pair<std::string, std::string>> env;
-  for (char** e = environ; *e; ++e) {
-    std::string_view kv(*e);
-    auto eq = kv.find('=');
-    if (eq == std::string_view::npos) continue;
-    env.emplace_back(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
-  }
-  return protocol::scrub_rules::from_env(env);
-}
-
 constexpr std::size_t k_tail_lines = 40;
 constexpr std::size_t k_tail_bytes = 4096;
 constexpr std::size_t k_preview_bytes = 200;
@@ -79,7 +68,10 @@ std::int64_t now_ms() {
 }  // namespace
 
 shell_runner::shell_runner(runtime::executor ex, std::string dir, on_exit_fn on_exit)
-    : ex_(ex), dir_(std::move(dir)), scrub_(rules_of_environ()), on_exit_(std::move(on_exit)) {
+    : ex_(ex),
+      dir_(std::move(dir)),
+      scrub_(protocol::scrub_rules::from_env(current_environment())),
+      on_exit_(std::move(on_exit)) {
   std::filesystem::create_directories(dir_);
 }
 

@@ -47,6 +47,26 @@ int bodies_with(report_fixture& f, const std::string& s, const std::string& text
 
 }  // namespace
 
+namespace {
+
+// From the child's second settle on (the one after its inbox drain), every
+// commit fails until the host shuts down; the result is set once they do.
+std::shared_ptr<runtime::one_shot<int>> fail_commits_from_second_child_settle(report_fixture& f) {
+  auto settles = std::make_shared<std::atomic<int>>(0);
+  auto failing = runtime::one_shot<int>::make();
+  f.observer->on_settling = [&f, settles,
+                             failing](const session_id& s) -> boost::asio::awaitable<void> {
+    if (s.str() == "child" && ++*settles == 2) {
+      f.host->store().db_writer().inject_commit_failures(1 << 20);
+      failing->set(1);
+    }
+    co_return;
+  };
+  return failing;
+}
+
+}  // namespace
+
 TEST_CASE(
     "a restart after a child's settle failed past its inbox drain delivers the child's final "
     "report exactly once",
@@ -55,15 +75,7 @@ TEST_CASE(
   auto drains = child_answers_its_inbox(f);
   // The child's second settle (the one after its inbox drain) fails, and
   // keeps failing until the host has shut down.
-  std::atomic<int> settles{0};
-  auto failing = runtime::one_shot<int>::make();
-  f.observer->on_settling = [&](const session_id& s) -> boost::asio::awaitable<void> {
-    if (s.str() == "child" && ++settles == 2) {
-      f.host->store().db_writer().inject_commit_failures(1 << 20);
-      failing->set(1);
-    }
-    co_return;
-  };
+  auto failing = fail_commits_from_second_child_settle(f);
   f.parent_spawns("child");
   REQUIRE(f.sync(f.host->wait_idle(session_id("parent"))));
   f.quiet();  // the child's first report delivered
@@ -98,15 +110,7 @@ TEST_CASE(
     "[recovery][regression]") {
   report_fixture f("recovery-inbox-budget", /*resume_budget=*/0);
   child_answers_its_inbox(f);
-  std::atomic<int> settles{0};
-  auto failing = runtime::one_shot<int>::make();
-  f.observer->on_settling = [&](const session_id& s) -> boost::asio::awaitable<void> {
-    if (s.str() == "child" && ++settles == 2) {
-      f.host->store().db_writer().inject_commit_failures(1 << 20);
-      failing->set(1);
-    }
-    co_return;
-  };
+  auto failing = fail_commits_from_second_child_settle(f);
   f.parent_spawns("child");
   REQUIRE(f.sync(f.host->wait_idle(session_id("parent"))));
   f.quiet();  // the child's first report delivered
@@ -122,21 +126,6 @@ TEST_CASE(
   REQUIRE(*child);
   CHECK_FALSE((*child)->time_suspended);
 }
-
-namespace {
-
-// Whether a warning containing every one of `parts` was logged.
-bool warned(report_fixture& f, std::initializer_list<std::string> parts) {
-  std::lock_guard lk(f.m);
-  for (auto& w : f.warnings) {
-    bool all = true;
-    for (auto& p : parts) all = all && w.find(p) != std::string::npos;
-    if (all) return true;
-  }
-  return false;
-}
-
-}  // namespace
 
 TEST_CASE("a settled report whose delivery fails reaches its parent while the host runs",
           "[recovery][regression]") {

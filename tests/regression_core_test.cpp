@@ -10,21 +10,6 @@ using namespace tether;
 using namespace tether::test;
 using protocol::transition;
 
-namespace {
-
-// Whether a warning containing every one of `parts` was logged.
-bool warned(report_fixture& f, std::initializer_list<std::string> parts) {
-  std::lock_guard lk(f.m);
-  for (auto& w : f.warnings) {
-    bool all = true;
-    for (auto& p : parts) all = all && w.find(p) != std::string::npos;
-    if (all) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
 // A turn that settles at once (report_now) and leaves its job blocked on a
 // FIFO: when the FIFO is released, nothing else writes, so the COMMIT the
 // trace hook makes fail is the one the test means.

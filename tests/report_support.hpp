@@ -221,4 +221,15 @@ class report_fixture {
   std::vector<std::string> warnings;
 };
 
+/// Whether a warning containing every one of `parts` was logged.
+inline bool warned(report_fixture& f, std::initializer_list<std::string> parts) {
+  std::lock_guard lk(f.m);
+  for (auto& w : f.warnings) {
+    bool all = true;
+    for (auto& p : parts) all = all && w.find(p) != std::string::npos;
+    if (all) return true;
+  }
+  return false;
+}
+
 }  // namespace tether::test
