@@ -90,8 +90,8 @@ void write_owed(SQLite::Database& db, const layout& l) {
                         "VALUES (?, ?, ?, ?, 'completed', ?)");
   SQLite::Statement job(
       db,
-      "INSERT INTO jobs (id, notification_id, kind, mode, parent_id, child_id, "
-      "generation, status, body, payload, created_at, updated_at) "
+      "INSERT INTO tasks (id, notification_id, kind, mode, parent_id, child_id, "
+      "generation, state, body, payload, created_at, updated_at) "
       "VALUES (?, ?, 'subagent', 'background', ?, ?, ?, 'completed', ?, ?, ?, ?)");
   auto add_session = [&](const std::string& id, const std::optional<std::string>& parent,
                          const std::string& description, std::int64_t seq) {
@@ -214,7 +214,7 @@ bool check(const std::string& path, const layout& l, std::size_t hooks, int deli
     ok = false;
   };
   auto n = l.reports();
-  if (auto jobs = db.execAndGet("SELECT count(*) FROM jobs").getInt64(); jobs != 0)
+  if (auto jobs = db.execAndGet("SELECT count(*) FROM tasks").getInt64(); jobs != 0)
     fail(std::to_string(jobs) + " job rows left in the outbox");
   if (hooks != n)
     fail("the admitted hook fired " + std::to_string(hooks) + " times for " + std::to_string(n) +

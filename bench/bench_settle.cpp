@@ -310,7 +310,7 @@ bool check(const std::string& path, const shape& s, const spawn_state& st, const
     std::fprintf(stderr, "bench_settle: check failed: %s\n", what.c_str());
     ok = false;
   };
-  auto jobs = db.execAndGet("SELECT count(*) FROM jobs").getInt64();
+  auto jobs = db.execAndGet("SELECT count(*) FROM tasks").getInt64();
   if (jobs != 0) fail(std::to_string(jobs) + " job rows left in the outbox");
   std::size_t total = 0, expected = 0;
   for (std::size_t p = 0; p < s.parents; ++p) {

@@ -94,10 +94,16 @@ const row_check k_row_checks[] = {
     {"messages", "session_id || '/' || seq", "payload",
      "CASE WHEN json_valid(payload) THEN json_type(payload, '$.text') IS NOT 'text' ELSE 1 END",
      "not a JSON object with a text"},
-    {"jobs", "id", "notification_id", "notification_id = ''", "empty"},
-    {"jobs", "id", "generation", TETHER_NOT_UINT("generation"), "not a non-negative integer"},
-    {"jobs", "id", "child_id", "kind = 'shell' AND child_id IS NULL", "missing on a shell row"},
-    {"jobs", "id", "child_id", "kind = 'subagent' AND status = 'running' AND child_id IS NULL",
+    {"tasks", "id", "kind", "kind NOT IN ('subagent','local_shell','shell')", "unknown value"},
+    {"tasks", "id", "state",
+     "state NOT IN ('admitted','running','completed','failed','cancelled','lost','timed_out')",
+     "unknown value"},
+    {"tasks", "id", "notification_id", "kind != 'shell' AND coalesce(notification_id, '') = ''",
+     "missing or empty"},
+    {"tasks", "id", "generation", TETHER_NOT_UINT("generation"), "not a non-negative integer"},
+    {"tasks", "id", "child_id", "kind = 'local_shell' AND child_id IS NULL",
+     "missing on a local shell row"},
+    {"tasks", "id", "child_id", "kind = 'subagent' AND state = 'running' AND child_id IS NULL",
      "missing on a running subagent row"},
     {"inbox", "session_id || '/' || notification_id", "state", "state NOT IN ('pending','acked')",
      "unknown value"},
@@ -105,14 +111,14 @@ const row_check k_row_checks[] = {
      TETHER_NOT_UINT("admitted_seq"), "not a non-negative integer"},
     {"inbox", "session_id || '/' || notification_id", "admitted_ord",
      TETHER_NOT_UINT("admitted_ord"), "not a non-negative integer"},
-    {"owned_jobs", "id", "scope", "NOT json_valid(scope)", "not JSON"},
-    {"owned_jobs", "id", "tenant", "tenant = '' OR " TETHER_SCOPE_DIFFERS("tenant"),
+    {"tasks", "id", "scope", "kind = 'shell' AND NOT json_valid(scope)", "not JSON"},
+    {"tasks", "id", "tenant",
+     "kind = 'shell' AND (tenant = '' OR " TETHER_SCOPE_DIFFERS("tenant") ")",
      "empty or not its scope's tenant"},
-    {"owned_jobs", "id", "thread", TETHER_SCOPE_DIFFERS("thread"), "not its scope's thread"},
-    {"owned_jobs", "id", "turn", TETHER_SCOPE_DIFFERS("turn"), "not its scope's turn"},
-    {"owned_jobs", "id", "state",
-     "state NOT IN ('admitted','running','completed','failed','cancelled','lost')",
-     "unknown value"},
+    {"tasks", "id", "thread", "kind = 'shell' AND " TETHER_SCOPE_DIFFERS("thread"),
+     "not its scope's thread"},
+    {"tasks", "id", "turn", "kind = 'shell' AND " TETHER_SCOPE_DIFFERS("turn"),
+     "not its scope's turn"},
     {"receipts", "id", "state", "state NOT IN ('pending','acked','read','dropped')",
      "unknown value"},
     {"receipts", "id", "transition",
@@ -186,9 +192,11 @@ result<void> migrate(SQLite::Database& db) {
 // Ids minted by this process sort after every id the store holds, even if
 // the wall clock stepped back since they were minted.
 void seed_mint_floor(SQLite::Database& db) {
-  static const char* const k_ids[][2] = {
-      {"sessions", "id"},          {"sessions", "turn"},         {"jobs", "id"},
-      {"jobs", "notification_id"}, {"inbox", "notification_id"}, {"owned_jobs", "id"}};
+  static const char* const k_ids[][2] = {{"sessions", "id"},
+                                         {"sessions", "turn"},
+                                         {"tasks", "id"},
+                                         {"tasks", "notification_id"},
+                                         {"inbox", "notification_id"}};
   std::string sql = "SELECT max(t) FROM (";
   for (std::size_t i = 0; i < std::size(k_ids); ++i) {
     if (i) sql += " UNION ALL ";

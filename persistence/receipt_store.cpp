@@ -76,7 +76,8 @@ bool parse_enum(const std::string& text, E& out, std::initializer_list<E> all) {
   return false;
 }
 
-constexpr const char* k_job_cols = "id, scope, state, command, completion, tenant, thread, turn";
+// A shell task's columns; its command (preview and channel) is the payload.
+constexpr const char* k_job_cols = "id, scope, state, payload, completion, tenant, thread, turn";
 
 result<owned_job> decode_job(SQLite::Statement& q) {
   owned_job j;
@@ -85,7 +86,7 @@ result<owned_job> decode_job(SQLite::Statement& q) {
   auto scope = protocol::decode_text<owner_scope>(
       q.getColumn(1).getString(),
       [](const json::value& v) { return protocol::scope_from_json(v); });
-  if (!scope) return corrupt_row("owned_jobs", key, "scope: " + scope.error().describe());
+  if (!scope) return corrupt_row("tasks", key, "scope: " + scope.error().describe());
   j.scope = std::move(*scope);
   // The columns recovery and the turn index read must say what the scope says.
   const std::pair<const char*, const std::string*> columns[] = {{"tenant", &j.scope.tenant.str()},
@@ -94,7 +95,7 @@ result<owned_job> decode_job(SQLite::Statement& q) {
   for (int i = 0; i < 3; ++i) {
     auto col = q.getColumn(5 + i).getString();
     if (col != *columns[i].second)
-      return corrupt_row("owned_jobs", key,
+      return corrupt_row("tasks", key,
                          std::string(columns[i].first) + ": '" + col + "' is not its scope's '" +
                              *columns[i].second + "'");
   }
@@ -102,15 +103,15 @@ result<owned_job> decode_job(SQLite::Statement& q) {
   using S = owned_state;
   if (!parse_enum(state, j.state,
                   {S::admitted, S::running, S::completed, S::failed, S::cancelled, S::lost}))
-    return corrupt_row("owned_jobs", key, "state: unknown value '" + state + "'");
+    return corrupt_row("tasks", key, "state: unknown value '" + state + "'");
   auto command = protocol::parse_json(q.getColumn(3).getString());
-  if (!command) return corrupt_row("owned_jobs", key, "command: " + command.error().describe());
-  auto f = protocol::fields::of(*command, "command");
-  if (!f) return corrupt_row("owned_jobs", key, f.error().describe());
+  if (!command) return corrupt_row("tasks", key, "payload: " + command.error().describe());
+  auto f = protocol::fields::of(*command, "payload");
+  if (!f) return corrupt_row("tasks", key, f.error().describe());
   auto preview = f->str("preview");
-  if (!preview) return corrupt_row("owned_jobs", key, preview.error().describe());
+  if (!preview) return corrupt_row("tasks", key, preview.error().describe());
   auto channel = f->str("channel");
-  if (!channel) return corrupt_row("owned_jobs", key, channel.error().describe());
+  if (!channel) return corrupt_row("tasks", key, channel.error().describe());
   j.preview = std::move(*preview);
   j.channel = std::move(*channel);
   if (!q.getColumn(4).isNull()) {
@@ -118,13 +119,13 @@ result<owned_job> decode_job(SQLite::Statement& q) {
         q.getColumn(4).getString(), [](const json::value& v) {
           return protocol::sandbox::completion_from_json(v, "completion");
         });
-    if (!c) return corrupt_row("owned_jobs", key, c.error().describe());
+    if (!c) return corrupt_row("tasks", key, c.error().describe());
     j.completion = std::move(*c);
   }
   return j;
 }
 
-constexpr const char* k_receipt_cols = "id, job_id, transition, scope, body, state, created_at";
+constexpr const char* k_receipt_cols = "id, task_id, transition, scope, body, state, created_at";
 
 result<receipt> decode_receipt(SQLite::Statement& q) {
   receipt r;
@@ -182,7 +183,7 @@ std::int64_t insert_receipt(SQLite::Database& db, const job_id& job, transition 
                             const std::string& scope, const std::string& body,
                             receipt_state state) {
   auto& st = cached_statement(db,
-                              "INSERT INTO receipts (id, job_id, transition, scope, body, state, "
+                              "INSERT INTO receipts (id, task_id, transition, scope, body, state, "
                               "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
   auto now = now_ms();
   st.bind(1, protocol::make_event_id(job, t).str());
@@ -211,14 +212,15 @@ result<bool> settle_receipt(SQLite::Database& db, const event_id& id, receipt_st
 
 result<std::optional<owned_job>> receipt_reader::job(const job_id& id) {
   return first_of(read_all<owned_job>(
-      readers_, std::string("SELECT ") + k_job_cols + " FROM owned_jobs WHERE id = ?",
+      readers_, std::string("SELECT ") + k_job_cols + " FROM tasks WHERE id = ? AND kind = 'shell'",
       "reading owned job " + id.str(), {id.str()}, decode_job));
 }
 
 result<std::vector<owned_job>> receipt_reader::all_jobs() {
-  return read_all<owned_job>(
-      readers_, std::string("SELECT ") + k_job_cols + " FROM owned_jobs ORDER BY created_at, id",
-      "reading owned jobs", {}, decode_job);
+  return read_all<owned_job>(readers_,
+                             std::string("SELECT ") + k_job_cols +
+                                 " FROM tasks WHERE kind = 'shell' ORDER BY created_at, id",
+                             "reading owned jobs", {}, decode_job);
 }
 
 result<std::vector<receipt>> receipt_reader::all_receipts() {
@@ -233,7 +235,7 @@ result<std::vector<owned_job>> receipt_reader::live_jobs() {
       std::string("SELECT ") + k_job_cols +
           // Every row that is not known to be terminal: a state
           // word nobody knows is read, and refused, not skipped.
-          " FROM owned_jobs WHERE state NOT IN "
+          " FROM tasks WHERE kind = 'shell' AND state NOT IN "
           "('completed','failed','cancelled','lost') ORDER BY created_at, id",
       "reading live owned jobs", {}, decode_job);
 }
@@ -242,7 +244,7 @@ result<std::vector<owned_job>> receipt_reader::jobs_of_turn(const protocol::sess
                                                             const protocol::turn_id& turn) {
   return read_all<owned_job>(readers_,
                              std::string("SELECT ") + k_job_cols +
-                                 " FROM owned_jobs WHERE thread = ? AND turn = ? "
+                                 " FROM tasks WHERE thread = ? AND turn = ? AND kind = 'shell' "
                                  "ORDER BY created_at, id",
                              "reading jobs of turn " + turn.str(), {thread.str(), turn.str()},
                              decode_job);
@@ -265,7 +267,7 @@ result<std::optional<receipt>> receipt_reader::receipt_by_id(const event_id& id)
 result<std::vector<receipt>> receipt_reader::receipts_of(const job_id& job) {
   return read_all<receipt>(readers_,
                            std::string("SELECT ") + k_receipt_cols +
-                               " FROM receipts WHERE job_id = ? ORDER BY created_at, id",
+                               " FROM receipts WHERE task_id = ? ORDER BY created_at, id",
                            "reading receipts of " + job.str(), {job.str()}, decode_receipt);
 }
 
@@ -286,9 +288,9 @@ awaitable<result<void>> receipt_store::admit(owned_job j) {
   auto fn = [j = std::move(j)](SQLite::Database& db) -> result<void> {
     auto& st =
         cached_statement(db,
-                         "INSERT OR IGNORE INTO owned_jobs (id, tenant, thread, turn, scope, "
-                         "state, command, created_at, updated_at) "
-                         "VALUES (?, ?, ?, ?, ?, 'admitted', ?, ?, ?)");
+                         "INSERT OR IGNORE INTO tasks (id, kind, tenant, thread, turn, scope, "
+                         "state, payload, created_at, updated_at) "
+                         "VALUES (?, 'shell', ?, ?, ?, ?, 'admitted', ?, ?, ?)");
     auto now = now_ms();
     json::object command{{"preview", j.preview}, {"channel", j.channel}};
     st.bind(1, j.id.str());
@@ -312,8 +314,9 @@ awaitable<result<bool>> receipt_store::mark_running(job_id id) {
   auto name = "owned job running " + id.str();
   auto fn = [id = std::move(id)](SQLite::Database& db) -> result<bool> {
     auto& st = cached_statement(db,
-                                "UPDATE owned_jobs SET state = 'running', updated_at = ? "
-                                "WHERE id = ? AND state = 'admitted' RETURNING scope");
+                                "UPDATE tasks SET state = 'running', updated_at = ? "
+                                "WHERE id = ? AND kind = 'shell' AND state = 'admitted' "
+                                "RETURNING scope");
     st.bind(1, now_ms());
     st.bind(2, id.str());
     if (!st.executeStep()) return false;
@@ -335,9 +338,11 @@ awaitable<result<std::optional<receipt>>> receipt_store::finish(
   std::size_t bytes = body.size() + 256;
   auto fn = [id = std::move(id), terminal, completion = std::move(completion),
              body = std::move(body)](SQLite::Database& db) -> result<std::optional<receipt>> {
-    auto& st = cached_statement(db,
-                                "UPDATE owned_jobs SET state = ?, completion = ?, updated_at = ? "
-                                "WHERE id = ? AND state IN ('admitted','running') RETURNING scope");
+    auto& st =
+        cached_statement(db,
+                         "UPDATE tasks SET state = ?, completion = ?, updated_at = ? "
+                         "WHERE id = ? AND kind = 'shell' AND state IN ('admitted','running') "
+                         "RETURNING scope");
     st.bind(1, std::string(to_string(terminal)));
     if (completion)
       st.bind(2, protocol::to_text(protocol::sandbox::to_json(*completion)));
@@ -350,7 +355,7 @@ awaitable<result<std::optional<receipt>>> receipt_store::finish(
     st.reset();
     auto scope = protocol::decode_text<owner_scope>(
         scope_text, [](const json::value& v) { return protocol::scope_from_json(v); });
-    if (!scope) return corrupt_row("owned_jobs", id.str(), "scope: " + scope.error().describe());
+    if (!scope) return corrupt_row("tasks", id.str(), "scope: " + scope.error().describe());
     receipt r;
     r.transition = transition_of(terminal);
     r.id = protocol::make_event_id(id, r.transition);

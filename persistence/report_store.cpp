@@ -40,6 +40,16 @@ std::optional<std::string> opt_text(const SQLite::Column& c) {
   return c.getString();
 }
 
+// The task store's words for the report path's rows: a local shell is the
+// `local_shell` kind and an errored row is `failed`, the one state vocabulary
+// of every task (persistence/schema.cpp, step 4).
+std::string db_kind(const std::string& kind) {
+  return kind == "shell" ? "local_shell" : kind;
+}
+std::string db_state(job_status s) {
+  return s == job_status::error ? "failed" : std::string(to_string(s));
+}
+
 std::string job_payload_text(const job_row& r) {
   return protocol::to_text(protocol::to_json(protocol::job_payload{r.description}));
 }
@@ -73,18 +83,18 @@ void insert_subagent_started(SQLite::Database& db, const job_row& r);
 void insert_job(SQLite::Database& db, const job_row& r) {
   auto& st =
       cached_statement(db,
-                       "INSERT INTO jobs (id, notification_id, kind, mode, parent_id, child_id, "
-                       "generation, status, body, payload, created_at, updated_at) "
+                       "INSERT INTO tasks (id, notification_id, kind, mode, parent_id, child_id, "
+                       "generation, state, body, payload, created_at, updated_at) "
                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
   auto now = now_ms();
   st.bind(1, r.id.str());
   st.bind(2, r.nid.str());
-  st.bind(3, r.kind);
+  st.bind(3, db_kind(r.kind));
   st.bind(4, r.mode);
   bind_opt(st, 5, r.parent);
   bind_opt(st, 6, r.child);
   st.bind(7, r.generation);
-  st.bind(8, std::string(to_string(r.status)));
+  st.bind(8, db_state(r.status));
   if (r.body)
     st.bind(9, *r.body);
   else
@@ -114,7 +124,7 @@ void insert_subagent_started(SQLite::Database& db, const job_row& r) {
   q.reset();
   auto& st =
       cached_statement(db,
-                       "INSERT OR IGNORE INTO receipts (id, job_id, transition, scope, body, "
+                       "INSERT OR IGNORE INTO receipts (id, task_id, transition, scope, body, "
                        "state, created_at, updated_at) VALUES (?, ?, 'started', ?, 'started', "
                        "'acked', ?, ?)");
   auto now = now_ms();
@@ -130,8 +140,8 @@ void insert_subagent_terminal(SQLite::Database& db, const job_id& job, protocol:
                               const std::string& body, std::string_view state) {
   auto& st =
       cached_statement(db,
-                       "INSERT OR IGNORE INTO receipts (id, job_id, transition, scope, body, "
-                       "state, created_at, updated_at) SELECT ?, job_id, ?, scope, ?, ?, ?, ? "
+                       "INSERT OR IGNORE INTO receipts (id, task_id, transition, scope, body, "
+                       "state, created_at, updated_at) SELECT ?, task_id, ?, scope, ?, ?, ?, ? "
                        "FROM receipts WHERE id = ?");
   auto now = now_ms();
   st.bind(1, protocol::make_event_id(job, t).str());
@@ -264,6 +274,7 @@ result<job_row> decode_job(SQLite::Statement& q) {
   r.id = job_id(q.getColumn(0).getString());
   r.nid = notification_id(q.getColumn(1).getString());
   r.kind = q.getColumn(2).getString();
+  if (r.kind == "local_shell") r.kind = "shell";
   r.mode = q.getColumn(3).getString();
   if (auto p = opt_text(q.getColumn(4))) r.parent = session_id(*p);
   if (auto c = opt_text(q.getColumn(5))) r.child = session_id(*c);
@@ -272,29 +283,29 @@ result<job_row> decode_job(SQLite::Statement& q) {
   r.body = opt_text(q.getColumn(8));
   const auto& key = r.id.str();
   if (r.kind != "subagent" && r.kind != "shell")
-    return corrupt_row("jobs", key, "kind: unknown value '" + r.kind + "'");
+    return corrupt_row("tasks", key, "kind: unknown value '" + r.kind + "'");
   if (r.mode != "background" && r.mode != "none")
-    return corrupt_row("jobs", key, "mode: unknown value '" + r.mode + "'");
+    return corrupt_row("tasks", key, "mode: unknown value '" + r.mode + "'");
   bool known = false;
   for (auto s :
        {job_status::running, job_status::completed, job_status::error, job_status::cancelled})
-    if (status == to_string(s)) {
+    if (status == db_state(s)) {
       r.status = s;
       known = true;
     }
-  if (!known) return corrupt_row("jobs", key, "status: unknown value '" + status + "'");
+  if (!known) return corrupt_row("tasks", key, "state: unknown value '" + status + "'");
   if (r.status != job_status::running && !r.body)
-    return corrupt_row("jobs", key, "body: missing on a terminal row");
+    return corrupt_row("tasks", key, "body: missing on a terminal row");
   auto p = protocol::decode_text<protocol::job_payload>(
       q.getColumn(9).getString(),
       [](const json::value& v) { return protocol::job_payload_from_json(v); });
-  if (!p) return corrupt_row("jobs", key, p.error().describe());
+  if (!p) return corrupt_row("tasks", key, p.error().describe());
   r.description = std::move(p->description);
   return r;
 }
 
 constexpr const char* k_job_cols =
-    "id, notification_id, kind, mode, parent_id, child_id, generation, status, body, payload";
+    "id, notification_id, kind, mode, parent_id, child_id, generation, state, body, payload";
 
 }  // namespace
 
@@ -311,8 +322,8 @@ awaitable<result<std::vector<session_id>>> report_store::claims_woken_by_inbox()
     SQLite::Statement q(db,
                         "SELECT s.id FROM sessions s WHERE s.time_suspended IS NOT NULL "
                         "AND s.parent_id IS NOT NULL "
-                        "AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.child_id = s.id "
-                        "AND j.status = 'running') "
+                        "AND NOT EXISTS (SELECT 1 FROM tasks j WHERE j.child_id = s.id "
+                        "AND j.state = 'running') "
                         "AND EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id "
                         "AND m.seq > s.input_cursor AND m.role = 'user' "
                         "AND m.kind IN ('report', 'notice')) "
@@ -386,7 +397,7 @@ awaitable<result<std::int64_t>> report_store::spawn(std::optional<session_row> c
         auto& fresh =
             cached_statement(db,
                              "UPDATE sessions SET resume_attempts = 0 WHERE id = ? AND NOT EXISTS "
-                             "(SELECT 1 FROM jobs WHERE child_id = ? AND status = 'running')");
+                             "(SELECT 1 FROM tasks WHERE child_id = ? AND state = 'running')");
         fresh.bind(1, child.str());
         fresh.bind(2, child.str());
         fresh.exec();
@@ -424,7 +435,7 @@ awaitable<result<settle_result>> report_store::settle(settle_request req) {
                                                                 : protocol::transition::cancelled;
     if (req.background_job) {
       if (req.drop_background) {
-        auto& del = cached_statement(db, "DELETE FROM jobs WHERE id = ?");
+        auto& del = cached_statement(db, "DELETE FROM tasks WHERE id = ?");
         del.bind(1, req.background_job->str());
         // A silenced link owes no report: its terminal receipt is not delivered.
         if (del.exec() == 1)
@@ -434,9 +445,9 @@ awaitable<result<settle_result>> report_store::settle(settle_request req) {
         // Only a running row becomes terminal: a settle after delivery finds
         // no row and cannot write it back.
         auto& up = cached_statement(db,
-                                    "UPDATE jobs SET status = ?, body = ?, updated_at = ? "
-                                    "WHERE id = ? AND status = 'running'");
-        up.bind(1, std::string(to_string(terminal)));
+                                    "UPDATE tasks SET state = ?, body = ?, updated_at = ? "
+                                    "WHERE id = ? AND state = 'running'");
+        up.bind(1, db_state(terminal));
         up.bind(2, req.body);
         up.bind(3, now);
         up.bind(4, req.background_job->str());
@@ -494,10 +505,10 @@ awaitable<result<void>> report_store::complete(std::vector<notification_id> nids
     auto& rc =
         cached_statement(db,
                          "UPDATE receipts SET state = ?, updated_at = ? WHERE state = 'pending' "
-                         "AND transition != 'started' AND job_id IN (SELECT id FROM jobs WHERE "
-                         "notification_id = ? AND status != 'running')");
+                         "AND transition != 'started' AND task_id IN (SELECT id FROM tasks WHERE "
+                         "notification_id = ? AND state != 'running')");
     auto& st =
-        cached_statement(db, "DELETE FROM jobs WHERE notification_id = ? AND status != 'running'");
+        cached_statement(db, "DELETE FROM tasks WHERE notification_id = ? AND state != 'running'");
     auto now = now_ms();
     for (auto& n : nids) {
       rc.reset();
@@ -624,7 +635,7 @@ awaitable<result<bool>> report_store::finish_shell(notification_id nid, session_
     // An owner that is gone admits nothing; the shell's row goes either way.
     std::vector<report_item> notice{{nid, std::nullopt, body}};
     auto admitted = admit_in_tx(db, owner, notice);
-    auto& del = cached_statement(db, "DELETE FROM jobs WHERE notification_id = ?");
+    auto& del = cached_statement(db, "DELETE FROM tasks WHERE notification_id = ?");
     del.bind(1, nid.str());
     del.exec();
     return admitted && admitted->front();
@@ -668,8 +679,8 @@ result<std::vector<session_row>> report_reader::sessions() {
 result<std::vector<job_row>> report_reader::jobs() {
   try {
     auto db = readers_.acquire();
-    auto& q =
-        db.statement(std::string("SELECT ") + k_job_cols + " FROM jobs ORDER BY created_at, id");
+    auto& q = db.statement(std::string("SELECT ") + k_job_cols +
+                           " FROM tasks WHERE kind NOT IN ('shell') ORDER BY created_at, id");
     std::vector<job_row> out;
     while (q.executeStep()) {
       auto r = decode_job(q);

@@ -129,6 +129,52 @@ DROP INDEX inbox_pending;
 CREATE INDEX inbox_pending ON inbox(session_id, admitted_ord) WHERE state = 'pending';
 CREATE INDEX inbox_order ON inbox(session_id, admitted_ord);
 )sql",
+      // 4: one task store. Every piece of background work is a row of `tasks`,
+      // whatever its kind, with one state vocabulary (admitted, running,
+      // completed, failed, cancelled, lost, timed_out); receipts name their task.
+      // The v3 rows move over unchanged in meaning: a `jobs` row becomes a
+      // subagent or local_shell task ('error' is now 'failed'), an `owned_jobs`
+      // row a shell task. An unknown word is carried over as it is, so that
+      // boot's validation refuses it by name instead of the migration hiding it.
+      R"sql(
+CREATE TABLE tasks (
+  id              TEXT PRIMARY KEY,
+  kind            TEXT NOT NULL,        -- subagent | local_shell | shell (room for delegate, cron_run, sop_run)
+  state           TEXT NOT NULL,        -- admitted | running | completed | failed | cancelled | lost | timed_out
+  tenant          TEXT,                 -- the owner scope's columns, for kinds launched under a scope (shell)
+  thread          TEXT,
+  turn            TEXT,
+  scope           TEXT,                 -- JSON owner scope (tenant, thread, turn, sandbox, generation)
+  parent_id       TEXT,                 -- subagent: the session owed the report
+  child_id        TEXT,                 -- subagent: whose busy period it reports; local_shell: its owner
+  notification_id TEXT UNIQUE,          -- subagent, local_shell: the inbox id of its report or notice
+  mode            TEXT,                 -- subagent, local_shell: background | none
+  generation      INTEGER NOT NULL DEFAULT 0,
+  body            TEXT,                 -- subagent: the rendered report once terminal, until delivered
+  payload         TEXT NOT NULL DEFAULT '{}',  -- JSON: subagent {description}; shell {preview, channel}
+  completion      TEXT,                 -- shell: JSON completion once terminal
+  created_at      INTEGER NOT NULL,
+  updated_at      INTEGER NOT NULL
+);
+INSERT INTO tasks (id, kind, state, parent_id, child_id, notification_id, mode, generation, body,
+                   payload, created_at, updated_at)
+  SELECT id, CASE kind WHEN 'shell' THEN 'local_shell' ELSE kind END,
+         CASE status WHEN 'error' THEN 'failed' ELSE status END,
+         parent_id, child_id, notification_id, mode, generation, body, payload, created_at,
+         updated_at
+  FROM jobs;
+INSERT INTO tasks (id, kind, state, tenant, thread, turn, scope, payload, completion, created_at,
+                   updated_at)
+  SELECT id, 'shell', state, tenant, thread, turn, scope, command, completion, created_at,
+         updated_at
+  FROM owned_jobs;
+DROP TABLE jobs;
+DROP TABLE owned_jobs;
+CREATE INDEX tasks_child ON tasks(child_id);
+CREATE INDEX tasks_live ON tasks(state) WHERE state IN ('admitted','running');
+CREATE INDEX tasks_turn ON tasks(thread, turn);
+ALTER TABLE receipts RENAME COLUMN job_id TO task_id;
+)sql",
   };
   return steps;
 }

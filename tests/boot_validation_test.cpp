@@ -29,8 +29,8 @@ void add_running_rows(report_fixture& f, int n) {
   SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
   for (int i = 0; i < n; ++i) {
     SQLite::Statement st(db,
-                         "INSERT INTO jobs (id, notification_id, kind, mode, parent_id, child_id, "
-                         "status, payload, created_at, updated_at) VALUES (?, ?, 'subagent', "
+                         "INSERT INTO tasks (id, notification_id, kind, mode, parent_id, child_id, "
+                         "state, payload, created_at, updated_at) VALUES (?, ?, 'subagent', "
                          "'background', 'parent', 'child', 'running', "
                          "'{\"description\":\"more\"}', 0, 0)");
     st.bind(1, "job_more" + std::to_string(i));
@@ -64,7 +64,7 @@ TEST_CASE("a child owing four background jobs spends one resume per boot, not on
   f.close();
   CHECK(resume_attempts(f) == 1);
   SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
-  CHECK(db.execAndGet("SELECT count(*) FROM jobs WHERE status = 'running'").getInt() == 4);
+  CHECK(db.execAndGet("SELECT count(*) FROM tasks WHERE state = 'running'").getInt() == 4);
   CHECK(db.execAndGet("SELECT count(*) FROM inbox").getInt() == 0);
 }
 
@@ -116,8 +116,8 @@ void stopped_story(report_fixture& f) {
       "admitted_at, admitted_ord) VALUES ('parent', 'msg_x', 'child', 'earlier', 'acked', 1, 0, "
       "1)");
   db.exec(
-      "INSERT INTO owned_jobs (id, tenant, thread, turn, scope, state, command, created_at, "
-      "updated_at) VALUES ('job_x', 'default', 'parent', 'turn_1', "
+      "INSERT INTO tasks (id, kind, tenant, thread, turn, scope, state, payload, created_at, "
+      "updated_at) VALUES ('job_x', 'shell', 'default', 'parent', 'turn_1', "
       "'{\"tenant\":\"default\",\"thread\":\"parent\",\"turn\":\"turn_1\",\"sandbox\":\"sbx\","
       "\"generation\":1}', 'completed', '{\"preview\":\"true\",\"channel\":\"api\"}', 0, 0)");
 }
@@ -151,10 +151,12 @@ const garbling k_garblings[] = {
      "child/1", "kind"},
     {"UPDATE messages SET seq = 50 WHERE session_id = 'child' AND seq = 1", "messages", "child/50",
      "seq"},
-    {"UPDATE jobs SET child_id = NULL WHERE child_id = 'child'", "jobs", "", "child_id"},
-    {"UPDATE jobs SET generation = -1 WHERE child_id = 'child'", "jobs", "", "generation"},
-    {"UPDATE owned_jobs SET tenant = 'other'", "owned_jobs", "job_x", "tenant"},
-    {"UPDATE owned_jobs SET turn = 'turn_2'", "owned_jobs", "job_x", "turn"},
+    {"UPDATE tasks SET child_id = NULL WHERE child_id = 'child'", "tasks", "", "child_id"},
+    {"UPDATE tasks SET generation = -1 WHERE child_id = 'child'", "tasks", "", "generation"},
+    {"UPDATE tasks SET state = 'exploded' WHERE child_id = 'child'", "tasks", "", "state"},
+    {"UPDATE tasks SET kind = 'mystery' WHERE child_id = 'child'", "tasks", "", "kind"},
+    {"UPDATE tasks SET tenant = 'other' WHERE kind = 'shell'", "tasks", "job_x", "tenant"},
+    {"UPDATE tasks SET turn = 'turn_2' WHERE kind = 'shell'", "tasks", "job_x", "turn"},
 };
 
 }  // namespace
@@ -181,7 +183,7 @@ TEST_CASE(
       {
         SQLite::Database db(path, SQLite::OPEN_READWRITE);
         if (key.empty())  // the job row's id is minted
-          key = db.execAndGet("SELECT id FROM jobs WHERE child_id = 'child'").getString();
+          key = db.execAndGet("SELECT id FROM tasks WHERE child_id = 'child'").getString();
         db.exec(g.sql);
         REQUIRE(db.getChanges() == 1);
       }

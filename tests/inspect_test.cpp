@@ -102,7 +102,7 @@ const json::object* find_by(const json::array& a, const char* key, const std::st
 
 }  // namespace
 
-TEST_CASE("inspect --json shows sessions, owed reports, job rows and inboxes", "[inspect]") {
+TEST_CASE("inspect --json shows sessions, owed reports, every task and inboxes", "[inspect]") {
   test::scratch_dir dir("inspect-json");
   auto path = seed_database(dir);
   auto r = test::run_captured({k_tether, "inspect", path, "--json"});
@@ -134,14 +134,16 @@ TEST_CASE("inspect --json shows sessions, owed reports, job rows and inboxes", "
   auto& owed = doc.at("owed_reports").as_array();
   REQUIRE(owed.size() == 1);
   CHECK(owed[0].as_object().at("notification_id").as_string() == "msg_d");
-  CHECK(owed[0].as_object().at("status").as_string() == "completed");
+  CHECK(owed[0].as_object().at("state").as_string() == "completed");
   CHECK(owed[0].as_object().at("body").as_string() == k_owed_body);
 
-  auto& jobs = doc.at("jobs").as_array();
-  REQUIRE(jobs.size() == 2);
-  auto* running = find_by(jobs, "id", "job_w");
+  auto& tasks = doc.at("tasks").as_array();
+  REQUIRE(tasks.size() == 2);
+  auto* running = find_by(tasks, "id", "job_w");
   REQUIRE(running);
-  CHECK(running->at("status").as_string() == "running");
+  CHECK(running->at("kind").as_string() == "subagent");
+  CHECK(running->at("state").as_string() == "running");
+  CHECK(running->at("owner").as_string() == "parent");
   CHECK(running->at("child").as_string() == "worker");
   CHECK(running->at("body").is_null());
 
@@ -162,7 +164,7 @@ TEST_CASE("inspect prints the same as text", "[inspect]") {
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   for (auto* want : {"sessions (4)", "owed reports (1)", "msg_d  done -> parent  completed",
-                     "      | All done.", "job rows (2)", "job_w ", "parent (1, 1 pending)",
+                     "      | All done.", "tasks (2)", "job_w ", "parent (1, 1 pending)",
                      "msg_old  from worker  pending", "      | Earlier."})
     CHECK(r.output.find(want) != std::string::npos);
 }
@@ -236,9 +238,11 @@ TEST_CASE("inspect shows owned jobs with their owner scope and every receipt",
   auto out = test::run_captured({k_tether, "inspect", db, "--json"});
   REQUIRE(out.exit_code == 0);
   auto v = json::parse(out.output);
-  auto& owned = v.at("owned_jobs").as_array();
+  auto& owned = v.at("tasks").as_array();
   REQUIRE(owned.size() == 3);
   for (auto& j : owned) {
+    CHECK(j.at("kind").as_string() == "shell");
+    CHECK(j.at("owner").as_string() == "ses_owner");
     CHECK(j.at("scope").at("thread").as_string() == "ses_owner");
     CHECK(j.at("scope").at("generation").as_int64() >= 1);
     CHECK(j.at("channel").as_string() == "tool");
@@ -250,7 +254,7 @@ TEST_CASE("inspect shows owned jobs with their owner scope and every receipt",
   CHECK(pending == 0);
   auto text = test::run_captured({k_tether, "inspect", db});
   REQUIRE(text.exit_code == 0);
-  CHECK(text.output.find("owned jobs (3)") != std::string::npos);
+  CHECK(text.output.find("tasks (3)") != std::string::npos);
   CHECK(text.output.find("receipts (6, 0 pending)") != std::string::npos);
   CHECK(bytes_of(db) == before);  // read-only
 }

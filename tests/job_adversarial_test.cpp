@@ -168,7 +168,7 @@ std::vector<std::string> dump(const std::string& db, const std::string& table) {
 }
 
 std::map<std::string, std::vector<std::string>> dump_job_tables(const std::string& db) {
-  return {{"owned_jobs", dump(db, "owned_jobs")},
+  return {{"tasks", dump(db, "tasks")},
           {"receipts", dump(db, "receipts")},
           {"sandboxes", dump(db, "sandboxes")}};
 }
@@ -179,7 +179,7 @@ void insert_receipt(const std::string& db, const job_id& j, transition t, const 
   SQLite::Database c(db, SQLite::OPEN_READWRITE);
   SQLite::Statement st(
       c,
-      "INSERT INTO receipts (id, job_id, transition, scope, body, state, created_at, "
+      "INSERT INTO receipts (id, task_id, transition, scope, body, state, created_at, "
       "updated_at) VALUES (?, ?, ?, ?, ?, ?, 1, 1)");
   st.bind(1, protocol::make_event_id(j, t).str());
   st.bind(2, j.str());
@@ -400,16 +400,16 @@ TEST_CASE(
   auto db = db_path(d);
 
   std::string tampered, table, key, field, job_state_after = "running";
-  SECTION("owned_jobs.scope cut off mid-JSON") {
-    tampered = "owned_jobs.scope cut off mid-JSON";
-    exec_sql(db, "UPDATE owned_jobs SET scope = substr(scope, 1, length(scope) / 2) WHERE id = ?",
+  SECTION("a shell task's scope cut off mid-JSON") {
+    tampered = "tasks.scope cut off mid-JSON";
+    exec_sql(db, "UPDATE tasks SET scope = substr(scope, 1, length(scope) / 2) WHERE id = ?",
              {j.str()});
-    table = "owned_jobs", key = j.str(), field = "scope";
+    table = "tasks", key = j.str(), field = "scope";
   }
-  SECTION("owned_jobs.state a word that is no state") {
-    tampered = "owned_jobs.state set to 'exploded'";
-    exec_sql(db, "UPDATE owned_jobs SET state = 'exploded' WHERE id = ?", {j.str()});
-    table = "owned_jobs", key = j.str(), field = "state", job_state_after = "exploded";
+  SECTION("a shell task's state a word that is no state") {
+    tampered = "tasks.state set to 'exploded'";
+    exec_sql(db, "UPDATE tasks SET state = 'exploded' WHERE id = ?", {j.str()});
+    table = "tasks", key = j.str(), field = "state", job_state_after = "exploded";
   }
   SECTION("a pending receipt whose scope is garbled") {
     tampered = "a pending receipt with a garbled scope";
@@ -439,7 +439,7 @@ TEST_CASE(
   CHECK_THAT(e.message, Contains("': " + field + ":"));
   // Nothing was repaired, dropped or discarded.
   CHECK(dump_job_tables(db) == before);
-  CHECK(column_of(db, "owned_jobs", j.str(), "state") == job_state_after);
+  CHECK(column_of(db, "tasks", j.str(), "state") == job_state_after);
 }
 
 // ---- 4. the sandbox changed while the host was down ------------------------------------------
@@ -466,7 +466,7 @@ TEST_CASE(
   CHECK_THAT(e.message, Contains("the outstanding owner was retained"));
   CHECK_THAT(e.message, Contains("no new work was started"));
   auto db = db_path(d);
-  CHECK(column_of(db, "owned_jobs", j.str(), "state") == "running");
+  CHECK(column_of(db, "tasks", j.str(), "state") == "running");
   CHECK(column_of(db, "sandboxes", scope.sandbox.str(), "generation") ==
         std::to_string(scope.generation));
   // Nothing ran on the new generation.
@@ -489,7 +489,7 @@ TEST_CASE("a daemon that is gone while the host was down refuses the boot and ke
   CHECK_THAT(e.message, Contains("cannot be reached"));
   CHECK_THAT(e.message, Contains("the outstanding owner was retained"));
   CHECK_THAT(e.message, Contains("no new work was started"));
-  CHECK(column_of(db_path(d), "owned_jobs", j.str(), "state") == "running");
+  CHECK(column_of(db_path(d), "tasks", j.str(), "state") == "running");
   // Recovery never provisions: no daemon was started in its place.
   CHECK_FALSE(run(daemon_answers(actors::socket_path_for(d.daemon.options().state_dir))));
 }
@@ -512,7 +512,7 @@ TEST_CASE(
   CHECK_THAT(e.message, Contains("'" + j.str() + "'"));
   CHECK_THAT(e.message, Contains("did not answer hello within 300 ms"));
   CHECK_THAT(e.message, Contains("the outstanding owner was retained"));
-  CHECK(column_of(db_path(d), "owned_jobs", j.str(), "state") == "running");
+  CHECK(column_of(db_path(d), "tasks", j.str(), "state") == "running");
 
   d.daemon.resume();
   idle_agent(d, "s");  // the launcher of the first turn is gone
@@ -537,11 +537,12 @@ TEST_CASE("a saved owner with no proven sandbox generation refuses the boot", "[
   o.sandbox = daemon.sandbox;
   o.generation = 0;
   auto db = db_path(d);
-  exec_sql(db,
-           "INSERT INTO owned_jobs (id, tenant, thread, turn, scope, state, command, created_at, "
-           "updated_at) VALUES ('job_unproven', 'default', ?, 'turn_unproven', ?, 'admitted', "
-           "'{\"preview\":\"make\",\"channel\":\"tool\"}', 1, 1)",
-           {s.str(), scope_text(o)});
+  exec_sql(
+      db,
+      "INSERT INTO tasks (id, kind, tenant, thread, turn, scope, state, payload, created_at, "
+      "updated_at) VALUES ('job_unproven', 'shell', 'default', ?, 'turn_unproven', ?, 'admitted', "
+      "'{\"preview\":\"make\",\"channel\":\"tool\"}', 1, 1)",
+      {s.str(), scope_text(o)});
 
   auto e = d.f.refused_boot();
   INFO("got " << to_string(e.code) << ": " << e.message);
@@ -550,7 +551,7 @@ TEST_CASE("a saved owner with no proven sandbox generation refuses the boot", "[
   CHECK_THAT(e.message, Contains("no proven sandbox generation"));
   CHECK_THAT(e.message, Contains("the outstanding owner was retained"));
   CHECK_THAT(e.message, Contains("no new work was started"));
-  CHECK(column_of(db, "owned_jobs", "job_unproven", "state") == "admitted");
+  CHECK(column_of(db, "tasks", "job_unproven", "state") == "admitted");
   CHECK(run(daemon_jobs(d.daemon.socket())).empty());
 }
 
@@ -793,5 +794,5 @@ TEST_CASE(
   // The host stays bound to the job's generation: its receipts are not made stale.
   CHECK(column_of(db_path(d), "sandboxes", scope.sandbox.str(), "generation") ==
         std::to_string(scope.generation));
-  CHECK(column_of(db_path(d), "owned_jobs", j.str(), "state") == "running");
+  CHECK(column_of(db_path(d), "tasks", j.str(), "state") == "running");
 }

@@ -199,7 +199,7 @@ TEST_CASE("a settle that runs after delivery cannot write the deleted row back")
   REQUIRE(f.inbox("parent").size() == 1);
   // Find the job id the child reported under (its row is gone: completed).
   SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
-  REQUIRE(db.execAndGet("SELECT count(*) FROM jobs").getInt() == 0);
+  REQUIRE(db.execAndGet("SELECT count(*) FROM tasks").getInt() == 0);
   persistence::settle_request late;
   late.child = session_id("child");
   late.background_job = protocol::job_id("job_that_was_delivered");
@@ -207,7 +207,7 @@ TEST_CASE("a settle that runs after delivery cannot write the deleted row back")
   auto r = f.sync(f.host->store().settle(late));
   REQUIRE(r);
   CHECK_FALSE(r->row_written);
-  CHECK(db.execAndGet("SELECT count(*) FROM jobs").getInt() == 0);
+  CHECK(db.execAndGet("SELECT count(*) FROM tasks").getInt() == 0);
 }
 
 TEST_CASE("a job cancelled on its creation tick is reported once") {
@@ -260,7 +260,7 @@ TEST_CASE("graceful shutdown keeps the claim and the running row and sends no ca
   f.close();
   {
     SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
-    CHECK(db.execAndGet("SELECT count(*) FROM jobs WHERE status = 'running'").getInt() == 1);
+    CHECK(db.execAndGet("SELECT count(*) FROM tasks WHERE state = 'running'").getInt() == 1);
     CHECK(db.execAndGet("SELECT time_suspended IS NOT NULL FROM sessions WHERE id = 'child'")
               .getInt() == 1);
     CHECK(db.execAndGet("SELECT count(*) FROM inbox").getInt() == 0);
@@ -313,14 +313,14 @@ TEST_CASE("an owed report whose parent was deleted is cleared at boot with a war
   f.close();
   {
     SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
-    db.exec("UPDATE jobs SET status = 'completed', body = 'owed' WHERE kind = 'subagent'");
+    db.exec("UPDATE tasks SET state = 'completed', body = 'owed' WHERE kind = 'subagent'");
     db.exec("DELETE FROM sessions WHERE id = 'parent'");
   }
   f.agents->code.erase("child");
   f.open();
   f.quiet();
   SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
-  CHECK(db.execAndGet("SELECT count(*) FROM jobs").getInt() == 0);
+  CHECK(db.execAndGet("SELECT count(*) FROM tasks").getInt() == 0);
   std::lock_guard lk(f.m);
   bool warned = false;
   for (auto& w : f.warnings)
@@ -335,10 +335,10 @@ TEST_CASE("boot refuses a job row that does not parse and leaves it in place") {
   auto err = f.refused_boot();
   CHECK(err.code == errc::corrupt);
   CHECK(err.message.find("refusing to boot") != std::string::npos);
-  CHECK(err.message.find("table 'jobs' key 'job_42'") != std::string::npos);
+  CHECK(err.message.find("table 'tasks' key 'job_42'") != std::string::npos);
   CHECK(err.message.find("payload") != std::string::npos);
   SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
-  CHECK(db.execAndGet("SELECT count(*) FROM jobs WHERE id = 'job_42'").getInt() == 1);
+  CHECK(db.execAndGet("SELECT count(*) FROM tasks WHERE id = 'job_42'").getInt() == 1);
 }
 
 TEST_CASE("boot refuses an unknown enum value naming table, key and field") {
@@ -346,8 +346,8 @@ TEST_CASE("boot refuses an unknown enum value naming table, key and field") {
   f.close();
   f.insert_job_row("job_7", "exploded", "{}");
   auto err = f.refused_boot();
-  CHECK(err.message.find("table 'jobs' key 'job_7': status: unknown value 'exploded'") !=
-        std::string::npos);
+  CHECK(err.message.find("table 'tasks' key 'job_7': state: unknown value") != std::string::npos);
+  CHECK(err.message.find("'exploded'") != std::string::npos);
 }
 
 TEST_CASE("a background child reports its answer to the parent once") {

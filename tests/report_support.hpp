@@ -182,7 +182,7 @@ class report_fixture {
     db.exec("INSERT INTO sessions (id, created_at) VALUES ('p', 0)");
     SQLite::Statement st(
         db,
-        "INSERT INTO jobs (id, notification_id, kind, mode, parent_id, status, body, "
+        "INSERT INTO tasks (id, notification_id, kind, mode, parent_id, state, body, "
         "payload, created_at, updated_at) VALUES (?, ?, 'subagent', 'background', "
         "'p', ?, 'b', ?, 0, 0)");
     st.bind(1, id);

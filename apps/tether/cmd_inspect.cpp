@@ -62,6 +62,10 @@ std::string opt(const std::optional<protocol::session_id>& id) {
 std::string notify_word(const std::optional<bool>& n) {
   return !n ? "default" : *n ? "on" : "off";
 }
+// The task store's word for a report-path row's state.
+std::string task_state(job_status s) {
+  return s == job_status::error ? "failed" : std::string(to_string(s));
+}
 bool owed(const job_row& j) {
   return j.kind == "subagent" && j.status != job_status::running;
 }
@@ -71,7 +75,7 @@ json::value opt_json(const std::optional<protocol::session_id>& id) {
 }
 
 json::object to_json(const snapshot& s) {
-  json::array sessions, jobs, owed_reports;
+  json::array sessions, tasks, owed_reports;
   for (auto& r : s.sessions) {
     json::object o;
     o["id"] = r.id.str();
@@ -88,20 +92,33 @@ json::object to_json(const snapshot& s) {
     o["idle_outcome"] = r.idle_outcome ? json::value(*r.idle_outcome) : json::value(nullptr);
     sessions.push_back(std::move(o));
   }
+  // Every task of every kind in one array, in the store's one state vocabulary.
   for (auto& j : s.jobs) {
     json::object o;
     o["id"] = j.id.str();
+    o["kind"] = j.kind == "shell" ? "local_shell" : j.kind;
+    o["state"] = task_state(j.status);
+    o["owner"] = opt_json(j.kind == "shell" ? j.child : j.parent);
     o["notification_id"] = j.nid.str();
-    o["kind"] = j.kind;
     o["mode"] = j.mode;
-    o["status"] = to_string(j.status);
     o["parent"] = opt_json(j.parent);
     o["child"] = opt_json(j.child);
     o["generation"] = j.generation;
     o["description"] = j.description;
     o["body"] = j.body ? json::value(*j.body) : json::value(nullptr);
     if (owed(j)) owed_reports.push_back(o);
-    jobs.push_back(std::move(o));
+    tasks.push_back(std::move(o));
+  }
+  for (auto& j : s.owned) {
+    json::object o;
+    o["id"] = j.id.str();
+    o["kind"] = "shell";
+    o["state"] = persistence::to_string(j.state);
+    o["owner"] = j.scope.thread.str();
+    o["scope"] = protocol::to_json(j.scope);
+    o["command"] = j.preview;
+    o["channel"] = j.channel;
+    tasks.push_back(std::move(o));
   }
   json::object inbox;
   for (auto& [id, rows] : s.inboxes) {
@@ -116,16 +133,7 @@ json::object to_json(const snapshot& s) {
     }
     inbox[id] = std::move(a);
   }
-  json::array owned, receipts;
-  for (auto& j : s.owned) {
-    json::object o;
-    o["id"] = j.id.str();
-    o["scope"] = protocol::to_json(j.scope);
-    o["state"] = persistence::to_string(j.state);
-    o["command"] = j.preview;
-    o["channel"] = j.channel;
-    owned.push_back(std::move(o));
-  }
+  json::array receipts;
   for (auto& r : s.receipts) {
     json::object o;
     o["id"] = r.id.str();
@@ -141,9 +149,8 @@ json::object to_json(const snapshot& s) {
   out["schema_version"] = s.schema_version;
   out["sessions"] = std::move(sessions);
   out["owed_reports"] = std::move(owed_reports);
-  out["jobs"] = std::move(jobs);
+  out["tasks"] = std::move(tasks);
   out["inbox"] = std::move(inbox);
-  out["owned_jobs"] = std::move(owned);
   out["receipts"] = std::move(receipts);
   return out;
 }
@@ -191,13 +198,6 @@ void print_text(std::ostream& out, const snapshot& s) {
     body(out, j.body.value_or(""));
   }
 
-  out << "\njob rows (" << s.jobs.size() << ")\n";
-  rows = {{"id", "kind", "mode", "status", "parent", "child", "notification", "description"}};
-  for (auto& j : s.jobs)
-    rows.push_back({j.id.str(), j.kind, j.mode, std::string(to_string(j.status)), opt(j.parent),
-                    opt(j.child), j.nid.str(), j.description});
-  if (!s.jobs.empty()) table(out, rows);
-
   out << "\ninbox\n";
   for (auto& [id, inbox] : s.inboxes) {
     if (inbox.empty()) continue;
@@ -211,15 +211,21 @@ void print_text(std::ostream& out, const snapshot& s) {
   }
 }
 
-void print_owned(std::ostream& out, const snapshot& s) {
-  out << "\nowned jobs (" << s.owned.size() << ")\n";
+void print_tasks(std::ostream& out, const snapshot& s) {
+  // Every task of every kind, in one table.
+  out << "\ntasks (" << s.jobs.size() + s.owned.size() << ")\n";
   std::vector<std::vector<std::string>> rows{
-      {"id", "state", "tenant", "thread", "turn", "sandbox", "generation", "channel", "command"}};
+      {"id", "kind", "state", "owner", "child", "turn", "sandbox", "generation", "what"}};
+  for (auto& j : s.jobs)
+    rows.push_back({j.id.str(), j.kind == "shell" ? "local_shell" : j.kind, task_state(j.status),
+                    opt(j.kind == "shell" ? j.child : j.parent),
+                    j.kind == "shell" ? "-" : opt(j.child), "-", "-", std::to_string(j.generation),
+                    j.description});
   for (auto& j : s.owned)
-    rows.push_back({j.id.str(), std::string(persistence::to_string(j.state)), j.scope.tenant.str(),
-                    j.scope.thread.str(), j.scope.turn.str(), j.scope.sandbox.str(),
-                    std::to_string(j.scope.generation), j.channel, j.preview});
-  if (!s.owned.empty()) table(out, rows);
+    rows.push_back({j.id.str(), "shell", std::string(persistence::to_string(j.state)),
+                    j.scope.thread.str(), "-", j.scope.turn.str(), j.scope.sandbox.str(),
+                    std::to_string(j.scope.generation), j.preview});
+  if (rows.size() > 1) table(out, rows);
   auto pending = std::count_if(s.receipts.begin(), s.receipts.end(), [](auto& r) {
     return r.state == persistence::receipt_state::pending;
   });
@@ -257,7 +263,7 @@ int inspect(const args& a) {
     std::cout << protocol::to_text(to_json(*s)) << "\n";
   else {
     print_text(std::cout, *s);
-    print_owned(std::cout, *s);
+    print_tasks(std::cout, *s);
   }
   return 0;
 }
