@@ -463,6 +463,10 @@ awaitable<result<boot_report>> host::boot() {
   auto woken = co_await store_->claims_woken_by_inbox();
   if (!woken) co_return error{woken.error().code, "refusing to boot: " + woken.error().message};
   std::set<session_id> woken_by_inbox(woken->begin(), woken->end());
+  // Whether each session's link to its parent delivers, from the rows read
+  // here: boot never reads a session actor's state.
+  std::map<session_id, bool> link_delivers;
+  for (auto& s : *sessions) link_delivers[s.id] = s.parent && s.notify.value_or(true);
   for (auto& s : *sessions) {
     std::lock_guard lk(m_);
     auto& i = directory_[s.id];
@@ -525,14 +529,13 @@ awaitable<result<boot_report>> host::boot() {
     b.description = row.description;
     if (*attempts > opts_.resume_budget) {
       // Out of resumes: the job reports an error instead of running again.
-      auto child = get(*row.child);
-      if (!child) continue;
+      if (!get(*row.child)) continue;
       persistence::settle_request req;
       req.child = *row.child;
       req.outcome = protocol::report_state::error;
       req.background_job = row.id;
-      bool deliverable = (*child)->row().parent && (*child)->row().notify.value_or(true);
-      req.drop_background = !deliverable;
+      auto link = link_delivers.find(*row.child);
+      req.drop_background = link == link_delivers.end() || !link->second;
       // The count stays: a crash before the child's other rows settle must
       // not give them a fresh budget.
       req.keep_resume_attempts = true;

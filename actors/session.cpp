@@ -187,7 +187,7 @@ class session::context : public agent_context {
     // ancestor that settles in between lists it as still running.
     if (background) h.note_phase(child, true, false, false);
     auto reply = job.inline_reply;
-    session_msg::bind_job bind{std::move(job)};
+    session_msg::bind_job bind{std::move(job), notify};
     (*c)->tell(std::move(bind));
     h.wake(**c, wake_scope::input, false);
     co_return std::make_pair(child, reply);
@@ -276,7 +276,7 @@ awaitable<void> session::handle(session_message& m) {
     asio::co_spawn(ex, std::move(task), asio::bind_executor(ex, std::move(on_end)));
   } else if (auto* b = std::get_if<bind_job>(&m)) {
     // A follow-up may have changed the link's notify setting.
-    if (auto r = host_.store().session(id()); r && *r) row_.notify = (*r)->notify;
+    if (b->notify) row_.notify = *b->notify;
     // A job joins the running busy period only if that one reports no job
     // yet; a settling busy period is dying, and a second job never replaces
     // the first: both wait their turn in order.

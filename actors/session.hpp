@@ -69,6 +69,10 @@ struct admit {
 };
 struct bind_job {
   job_binding job;
+  // The link's notify setting after the spawn that sent this (its sender
+  // read or set it); unset: unchanged. The actor never reads its row back
+  // from the store for it.
+  std::optional<std::optional<bool>> notify;
 };
 /// A follow-up asks to join the live generation (busy, not settling). The
 /// answer: nullopt (not joined: it gets a job of its own), or joined, with the

@@ -8,10 +8,9 @@
 //   v3-jobs-pending.db  the jobs story killed at delivery.terminal.after_commit:3:
 //                       three owned shell jobs terminal, one notice admitted and
 //                       not drained, two terminal receipts pending
+#include <SQLiteCpp/Database.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-
-#include <SQLiteCpp/Database.h>
 
 #include <filesystem>
 #include <set>
@@ -169,9 +168,9 @@ TEST_CASE(
   install_fixture(dir, "v3-jobs-pending.db");
   REQUIRE(::mkfifo((dir / "gate").c_str(), 0600) == 0);
   std::string out;
-  int st = test::run_process({k_tether, "jobs-story", "--resume", dir.string(), "--sandbox",
-                              daemon.options().state_dir},
-                             &out);
+  int st = test::run_process(
+      {k_tether, "jobs-story", "--resume", dir.string(), "--sandbox", daemon.options().state_dir},
+      &out);
   INFO("the restart said: " << out);
   REQUIRE(WIFEXITED(st));
   REQUIRE(WEXITSTATUS(st) == 0);
