@@ -1,6 +1,8 @@
 # install_and_embed: installs this build tree into a scratch prefix, then
 # configures, builds and runs examples/embed against it through
-# find_package(tether CONFIG). Run by ctest (tests/CMakeLists.txt):
+# find_package(tether CONFIG): a host on <tether/tether.hpp> whose echo agent
+# spawns a background subagent; it exits 0 only if the subagent's report
+# reached the parent, and prints the parent's inbox, checked here. Run by ctest (tests/CMakeLists.txt):
 #   cmake -DSRC=<source dir> -DBIN=<build dir> -DWORK=<scratch dir>
 #         -DGENERATOR=<generator> -DCXX=<compiler> -P install_embed.cmake
 # The scratch dir is removed on success and kept on failure for a look.
@@ -36,4 +38,8 @@ step("configure examples/embed" "${CMAKE_COMMAND}" -S "${SRC}/examples/embed" -B
 step("build examples/embed" "${CMAKE_COMMAND}" --build "${WORK}/build")
 step("run embed" "${WORK}/build/embed")
 message(STATUS "${step_output}")
+if(NOT step_output MATCHES "Parent inbox \\(ses_[^)]+\\):\n  \\[[^ ]+\\] from ses_[^,]+, acknowledged")
+  message(FATAL_ERROR "embed did not print the subagent's acknowledged report in the parent's "
+                      "inbox; ${WORK} was kept")
+endif()
 file(REMOVE_RECURSE "${WORK}")

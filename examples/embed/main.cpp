@@ -1,72 +1,73 @@
-// embed: an actor answers an ask, the persistence writer commits its answer,
-// and a read connection finds it on disk. Exits 0 only if all three worked.
-#include <SQLiteCpp/Statement.h>
-
+// embed: the smallest real host on tether. An echo agent answers a prompt and
+// hands it to a background subagent; the subagent's report arrives in the
+// parent's inbox and wakes the parent for one more turn. The parent's inbox
+// and transcript are printed. Exits 0 only if the report arrived and the
+// parent took it.
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
-#include <tether/persistence/database.hpp>
-#include <tether/persistence/writer.hpp>
-#include <tether/runtime/actor.hpp>
-#include <tether/runtime/sync_wait.hpp>
+#include <tether/tether.hpp>
 
 namespace asio = boost::asio;
-namespace rt = tether::runtime;
-namespace db = tether::persistence;
 
-struct greet {
-  std::string who;
-  rt::reply_to<std::string> reply;
-};
-using greeter_msg = std::variant<greet>;
-
-class greeter : public rt::actor<greeter, greeter_msg> {
- public:
-  using actor::actor;
-  void handle(greeter_msg& m) {
-    auto& g = std::get<greet>(m);
-    g.reply.send("hello, " + g.who);
+// The parent: echoes each prompt, starts a helper on it in the background, and
+// acknowledges the helper's report when it arrives.
+asio::awaitable<void> echo(tether::turn& t) {
+  for (const auto& m : t.inputs()) {
+    if (m.kind == tether::message_kind::prompt) {
+      std::string answer = "echo: " + m.text;
+      co_await t.say(std::move(answer));
+      auto child = co_await t.spawn_background("helper", "echo it again", m.text);
+      if (!child) throw std::runtime_error("cannot start the helper: " + child.error().message);
+    } else if (m.kind == tether::message_kind::report) {
+      co_await t.say("the helper reported back");
+    }
   }
-};
+}
 
-asio::awaitable<int> run(std::shared_ptr<greeter> g, db::writer* w, std::string path) {
-  greet q{"embedder", {}};
-  auto hello = co_await g->ask(std::move(q), std::chrono::seconds(5));
-  if (!hello) {
-    std::fprintf(stderr, "embed: ask failed: %s\n", hello.error().message.c_str());
-    co_return 1;
+// The background subagent: echoes its prompt; its last answer is its report.
+asio::awaitable<void> helper(tether::turn& t) {
+  for (const auto& m : t.inputs()) {
+    if (m.kind != tether::message_kind::prompt) continue;
+    std::string answer = "echo from the background: " + m.text;
+    co_await t.say(std::move(answer));
   }
-  std::string text = *hello;
+}
 
-  auto save = [text](SQLite::Database& d) -> std::int64_t {
-    d.exec("CREATE TABLE IF NOT EXISTS greetings(id INTEGER PRIMARY KEY, text TEXT NOT NULL)");
-    SQLite::Statement ins(d, "INSERT INTO greetings(text) VALUES (?)");
-    ins.bind(1, text);
-    ins.exec();
-    return d.getLastInsertRowid();
-  };
-  std::string name = "save greeting";
-  auto id = co_await w->write(std::move(name), text.size(), std::move(save));
-  if (!id) {
-    std::fprintf(stderr, "embed: write failed: %s\n", id.error().message.c_str());
-    co_return 1;
-  }
+int run(tether::embedded& host) {
+  auto parent = host.block(host.create_session("embed example", "echo"));
+  if (!parent) return std::fprintf(stderr, "embed: %s\n", parent.error().message.c_str()), 1;
+  auto sent = host.block(host.prompt(*parent, "hello, tether"));
+  if (!sent) return std::fprintf(stderr, "embed: %s\n", sent.error().message.c_str()), 1;
+  // The parent's first turn settles before the helper reports; quiescence
+  // means the report was delivered and the parent's turn on it settled too.
+  auto quiet = host.block(host.wait_quiescent());
+  if (!quiet) return std::fprintf(stderr, "embed: %s\n", quiet.error().message.c_str()), 1;
 
-  db::reader_pool readers(path);
-  auto r = readers.acquire();
-  SQLite::Statement sel(*r, "SELECT text FROM greetings WHERE id = ?");
-  sel.bind(1, *id);
-  if (!sel.executeStep() || sel.getColumn(0).getString() != text) {
-    std::fprintf(stderr, "embed: row %lld is not on disk as written\n",
-                 static_cast<long long>(*id));
-    co_return 1;
+  auto inbox = host.inbox(*parent);
+  if (!inbox) return std::fprintf(stderr, "embed: %s\n", inbox.error().message.c_str()), 1;
+  std::printf("Parent inbox (%s):\n", parent->str().c_str());
+  bool arrived = false;
+  for (const auto& e : *inbox) {
+    std::printf("  [%s] from %s, %s\n", e.id.str().c_str(),
+                e.from ? e.from->str().c_str() : "(none)",
+                e.acknowledged ? "acknowledged" : "pending");
+    std::printf("    %s\n", e.body.c_str());
+    arrived |= e.from.has_value() && e.acknowledged;
   }
-  std::printf("the actor said \"%s\"; committed as row %lld of %s\n", text.c_str(),
-              static_cast<long long>(*id), path.c_str());
-  co_await g->stop();
-  co_return 0;
+  auto transcript = host.transcript(*parent);
+  if (!transcript)
+    return std::fprintf(stderr, "embed: %s\n", transcript.error().message.c_str()), 1;
+  std::printf("Parent transcript:\n");
+  for (const auto& m : *transcript) {
+    std::string_view role = tether::to_string(m.role), kind = tether::to_string(m.kind);
+    std::printf("  %lld %.*s/%.*s: %s\n", static_cast<long long>(m.seq),
+                static_cast<int>(role.size()), role.data(), static_cast<int>(kind.size()),
+                kind.data(), m.text.c_str());
+  }
+  if (!arrived) std::fprintf(stderr, "embed: the helper's report did not reach the parent\n");
+  return arrived ? 0 : 1;
 }
 
 int main() {
@@ -75,16 +76,20 @@ int main() {
   std::filesystem::create_directories(dir);
   int rc = 1;
   {
-    db::db_options opts;
-    opts.path = (dir / "embed.db").string();
-    auto w = db::writer::open(opts);
-    if (!w) {
-      std::fprintf(stderr, "embed: cannot open the writer: %s\n", w.error().message.c_str());
+    tether::options opts;
+    opts.db_path = (dir / "embed.db").string();
+    opts.threads = 2;
+    opts.add_agent("echo", echo).add_agent("helper", helper);
+    auto host = tether::embedded::open(std::move(opts));
+    if (!host) {
+      std::fprintf(stderr, "embed: cannot open the host: %s\n", host.error().message.c_str());
     } else {
-      asio::io_context io;
-      auto g = std::make_shared<greeter>(io.get_executor(), rt::actor_options{"greeter"});
-      rc = rt::run_to_completion(io, run(g, w->get(), opts.path));
-      (*w)->stop();
+      rc = run(**host);
+      // Blocking shutdown, from main's thread (never from inside an agent).
+      if (auto closed = (*host)->close(); !closed) {
+        std::fprintf(stderr, "embed: %s\n", closed.error().message.c_str());
+        rc = 1;
+      }
     }
   }
   std::error_code ec;
