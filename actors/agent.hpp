@@ -37,6 +37,11 @@ struct spawn_request {
   std::optional<bool> notify;       // nullopt: new child on, follow-up keeps its setting
   std::optional<session_id> child;  // a follow-up to this child, or the id for a new one
   bool fork = false;                // a fork has no parent: notify is irrelevant
+  /// A new child's job policy ("withhold" or "report_now"); nullopt: the
+  /// host's default (host_options::job_policies: subagent, or top_level for a
+  /// fork). A follow-up keeps the child's policy and is refused if this names
+  /// another one (host::set_job_policy changes it).
+  std::optional<std::string> job_policy;
 };
 
 class agent_context {

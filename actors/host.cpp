@@ -17,6 +17,12 @@ using persistence::job_status;
 result<std::unique_ptr<host>> host::open(host_options opts) {
   if (!opts.agents)
     return error{errc::invalid, "host_options.agents is empty: a host needs an agent factory"};
+  for (auto& [kind, policy] : {std::pair{"top_level", &opts.job_policies.top_level},
+                               std::pair{"subagent", &opts.job_policies.subagent}})
+    if (!is_job_policy(*policy))
+      return error{errc::invalid, std::string("host_options.job_policies.") + kind + " '" +
+                                      *policy +
+                                      "' is not one of withhold, report_now; no host was opened"};
   if (opts.shell_dir.empty()) opts.shell_dir = opts.db_path + ".shells";
   std::unique_ptr<host> h(new host(opts));
   persistence::db_options dbo;
@@ -207,6 +213,7 @@ awaitable<result<session_id>> host::create_session(std::string description,
   row.id = id ? *id : session_id(protocol::mint("ses"));
   row.description = std::move(description);
   row.agent = std::move(agent);
+  row.job_policy = opts_.job_policies.top_level;
   auto sid = row.id;
   auto r = co_await store_->create_session(std::move(row));
   if (!r) co_return r.error();

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tether/actors/agent.hpp"
@@ -27,6 +28,23 @@
 #include "tether/runtime/sync_wait.hpp"
 
 namespace tether::actors {
+
+/// Whether `p` names a job policy: "withhold" or "report_now".
+inline bool is_job_policy(std::string_view p) {
+  return p == "withhold" || p == "report_now";
+}
+
+/// The job policy a new session starts with, by kind of session (seed 000 and
+/// seed 002, figure 1; docs/design.md, Policies). host::set_job_policy changes
+/// one session's policy later; spawn_request::job_policy picks a new child's.
+struct job_policy_defaults {
+  /// A top-level session (and a fork, which has no parent): its turn withholds
+  /// its completion until the jobs it owns end, so the user sees one answer.
+  std::string top_level = "withhold";
+  /// A subagent: its turn settles at once, so its parent gets report 1 with
+  /// the still-running list, and a later report when the jobs end.
+  std::string subagent = "report_now";
+};
 
 struct host_options {
   std::string db_path;
@@ -42,6 +60,9 @@ struct host_options {
   std::string shell_dir;  // shell output and status files; default <db_path>.shells
   /// Owned background jobs: the sandbox they run in and its routes.
   job_queue_options jobs;
+  /// The job policy of a session at its creation (each one "withhold" or
+  /// "report_now"; anything else and no host is opened).
+  job_policy_defaults job_policies;
   /// Where warnings go (boot: id conflicts, cleared rows). Default: stderr.
   std::function<void(const std::string&)> log;
 };
@@ -71,7 +92,8 @@ class host {
   /// top-level sessions, (3) then resume children.
   awaitable<result<boot_report>> boot();
 
-  /// Creates a top-level session in `tenant`; its children are in the same tenant.
+  /// Creates a top-level session in `tenant`; its children are in the same
+  /// tenant. Its job policy is options().job_policies.top_level.
   awaitable<result<session_id>> create_session(
       std::string description, std::optional<session_id> id = {}, std::string agent = "general",
       protocol::tenant_id tenant = protocol::tenant_id("default"));
@@ -102,7 +124,8 @@ class host {
   result<owner_scope> scope_of(const session_id& s);
   /// Sets whether `s`'s turns may launch background jobs and whether a turn
   /// withholds its completion while its jobs run ("withhold") or settles now
-  /// and gets the receipts later ("report_now").
+  /// and gets the receipts later ("report_now"), for a top-level session and a
+  /// subagent alike; it wins over the default the session was created with.
   awaitable<result<void>> set_job_policy(session_id s, bool notify, std::string policy);
   bool is_busy(const session_id& s);
   std::size_t running_shells() {

@@ -641,6 +641,13 @@ awaitable<bool> job_queue::finish(job_id job, owned_state terminal,
   // The first terminal transition won already: it ends the job's live entry
   // once its own receipt was handed over, not this one.
   if (!*won) co_return true;
+  {
+    // Terminal on disk: no report lists it as still running any more (the
+    // turn its notice wakes settles before the entry ends), while the entry
+    // stays live, so a withholding turn waits, until the hand-over below.
+    std::lock_guard lk(m_);
+    if (auto it = live_.find(job); it != live_.end()) it->second.job.state = terminal;
+  }
   TETHER_CRASH_POINT("delivery.terminal.after_commit");
   if (opts_.trace) opts_.trace(job, "terminal");
   if (wake_after) {

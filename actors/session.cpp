@@ -120,6 +120,9 @@ class session::context : public agent_context {
   // then the binding, then the wake.
   awaitable<result<std::pair<session_id, inline_reply>>> spawn(spawn_request req, bool background) {
     host& h = s_->host_;
+    if (req.job_policy && !is_job_policy(*req.job_policy))
+      co_return error{errc::invalid, "job policy '" + *req.job_policy +
+                                         "' is not one of withhold, report_now; nothing was sent"};
     session_id child = req.child ? *req.child : session_id(protocol::mint("ses"));
     auto existing = h.store().session(child);
     if (!existing) co_return existing.error();
@@ -135,6 +138,12 @@ class session::context : public agent_context {
       if ((*existing)->parent != s_->id() || (*existing)->tenant != s_->row_.tenant)
         co_return error{errc::refused, "session '" + child.str() + "' is not a child of '" +
                                            s_->id().str() + "'; no follow-up was sent"};
+      if (req.job_policy && *req.job_policy != (*existing)->job_policy)
+        co_return error{errc::refused, "a follow-up keeps the job policy of session '" +
+                                           child.str() + "' (" + (*existing)->job_policy +
+                                           "), not '" + *req.job_policy +
+                                           "'; host::set_job_policy changes it; no follow-up "
+                                           "was sent"};
       parent = (*existing)->parent;
       notify = req.notify ? req.notify : (*existing)->notify;  // a follow-up keeps it
       auto joined = co_await join_live(child, req, background, notify);
@@ -152,6 +161,13 @@ class session::context : public agent_context {
       row.description = req.description;
       row.agent = req.agent;
       row.tenant = s_->row_.tenant;  // a child or a fork works for the same tenant
+      // A subagent reports now by default (its parent gets report 1 with the
+      // still-running list, report 2 when its jobs end); a fork, which has no
+      // parent to report to, starts like a top-level session.
+      const auto& defaults = h.options().job_policies;
+      row.job_policy = req.job_policy ? *req.job_policy
+                       : req.fork     ? defaults.top_level
+                                      : defaults.subagent;
       create = std::move(row);
     }
     job_binding job;

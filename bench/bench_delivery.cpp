@@ -14,7 +14,7 @@
 //   report_now: the turn settles as soon as its drain returns; each receipt
 //     reaches an idle session as a prompt (acknowledged when a drain takes it)
 //     or a busy one as a steer (acknowledged on acceptance).
-//   withhold (the sessions' default policy): the turn stays open until every
+//   withhold (a top-level session's default policy): the turn stays open until every
 //     job it owns was handed over; every receipt is steered into the running
 //     turn and acknowledged on acceptance.
 //

@@ -389,8 +389,8 @@ result<expectation> parse_expect(line_reader& r) {
     auto s = r.name("the session name");
     if (!s) return s.error();
     e.session = *s;
-    auto what = r.keyword("a session check",
-                          {"idle", "busy", "claimed", "unclaimed", "notify", "outcome", "resumes"});
+    auto what = r.keyword("a session check", {"idle", "busy", "claimed", "unclaimed", "notify",
+                                              "outcome", "policy", "resumes"});
     if (!what) return what.error();
     if (*what == "notify") {
       e.what = k::session_notify;
@@ -400,6 +400,11 @@ result<expectation> parse_expect(line_reader& r) {
     } else if (*what == "outcome") {
       e.what = k::session_outcome;
       auto v = r.keyword("an idle outcome", {"completed", "error", "cancelled"});
+      if (!v) return v.error();
+      e.text = *v;
+    } else if (*what == "policy") {
+      e.what = k::session_policy;
+      auto v = r.keyword("a job policy", {"withhold", "report_now"});
       if (!v) return v.error();
       e.text = *v;
     } else if (*what == "resumes") {
@@ -1146,6 +1151,7 @@ class runner {
       case k::session_word:
       case k::session_notify:
       case k::session_outcome:
+      case k::session_policy:
       case k::session_resumes: {
         auto row = store.session(sid);
         if (!row) return failed_read(row.error());
@@ -1160,6 +1166,8 @@ class runner {
           have = !s.notify ? "default" : *s.notify ? "on" : "off";
         else if (e.what == k::session_outcome)
           have = s.idle_outcome.value_or("none");
+        else if (e.what == k::session_policy)
+          have = s.job_policy;
         else if (e.text == "idle" || e.text == "busy")
           have = s.busy ? "busy" : "idle";
         else

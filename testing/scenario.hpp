@@ -56,6 +56,7 @@ struct expectation {
     session_word,        // expect session S idle|busy|claimed|unclaimed
     session_notify,      // expect session S notify on|off|default
     session_outcome,     // expect session S outcome completed|error|cancelled
+    session_policy,      // expect session S policy withhold|report_now
     session_resumes,     // expect session S resumes N
     boot_field,          // expect boot FIELD N
   };
