@@ -648,7 +648,10 @@ awaitable<bool> job_queue::finish(job_id job, owned_state terminal,
     std::lock_guard lk(m_);
     if (auto it = live_.find(job); it != live_.end()) it->second.job.state = terminal;
   }
-  TETHER_CRASH_POINT("delivery.terminal.after_commit");
+  if (wake_after)
+    TETHER_CRASH_POINT("delivery.terminal.after_commit");
+  else
+    TETHER_CRASH_POINT("recover.terminal.after_commit");  // ended (or lost) while the host was down
   if (opts_.trace) opts_.trace(job, "terminal");
   if (wake_after) {
     // A job followed since recovery that ends during boot waits for boot's
@@ -733,10 +736,13 @@ awaitable<result<bool>> job_queue::deliver(receipt r, bool wake_after) {
   session_msg::admit a{std::move(items), {}, true};
   auto admitted = co_await (*s)->ask(std::move(a));
   if (!admitted) co_return admitted.error();
-  TETHER_CRASH_POINT("delivery.handover.after_admit");
   // During recovery nobody is woken: boot resumes (or wakes) each session
   // with a pending inbox in its own phases, so none starts early.
-  if (!wake_after) co_return true;
+  if (!wake_after) {
+    TETHER_CRASH_POINT("recover.handover.after_admit");
+    co_return true;
+  }
+  TETHER_CRASH_POINT("delivery.handover.after_admit");
   if (opts_.trace) opts_.trace(r.job, "handed_over");
   if (was_busy) {
     // Steered: accepted into the running session's queue is acknowledged.
@@ -995,6 +1001,7 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
     rep.dropped = static_cast<int>(drop.size());
     auto d = co_await store_.drop(std::move(drop));
     if (!d) co_return refuse_late("dropping stale receipts", d.error());
+    TETHER_CRASH_POINT("recover.drop.after_commit");
   }
 
   // Reattach: what ended while the host was down settles once; what runs is
@@ -1029,6 +1036,7 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
       auto run = co_await store_.mark_running(j.id);
       if (!run)
         co_return refuse_late("marking owned job '" + j.id.str() + "' running", run.error());
+      if (*run) TETHER_CRASH_POINT("recover.running.after_commit");
     }
     follow.push_back(j);
   }
@@ -1057,8 +1065,11 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
       rep.warnings.push_back(w);
       host_.warn(w);
     }
-    for (auto& id : settled)
-      if (opened) co_await expire_record(id);
+    for (auto& id : settled) {
+      if (!opened) break;
+      co_await expire_record(id);
+      TETHER_CRASH_POINT("recover.expire.after_commit");
+    }
   }
 
   if (!follow.empty()) {

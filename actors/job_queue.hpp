@@ -12,6 +12,14 @@
 //     busy session: acknowledged on acceptance                 [delivery.ack.after_commit]
 //     idle session: woken with a prompt; acknowledged when its drain takes it
 //   cancel: the daemon's confirmed kill, then the CAS          [delivery.cancel.after_kill]
+// Recovery (recover(), at boot; the daemon is read through a read-only
+// connection and nobody is woken until boot's phases resume the sessions):
+//   stale receipts dropped                                      [recover.drop.after_commit]
+//   a job that ended, or that the daemon does not know, while
+//     the host was down: the terminal CAS                       [recover.terminal.after_commit]
+//   that receipt, or a pending one resent, into the inbox       [recover.handover.after_admit]
+//   an admitted job the daemon runs: the `started` receipt      [recover.running.after_commit]
+//   the daemon's record of a job settled here, expired          [recover.expire.after_commit]
 // Delivery is at-least-once: a receipt stays pending until acknowledged, a
 // resend carries the same id and the inbox drops the repeat.
 //

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "delivery_support.hpp"
+#include "jobs_story_support.hpp"
 #include "tether/protocol/scope.hpp"
 
 using namespace tether;
@@ -60,10 +61,6 @@ job_id running_job_at_shutdown(delivery_fixture& d) {
   auto j = l.id(d);
   REQUIRE(d.state_of(j) == owned_state::running);
   return j;
-}
-
-std::string scope_text(const owner_scope& s) {
-  return protocol::to_text(protocol::to_json(s));
 }
 
 // ---- the sandbox daemon --------------------------------------------------------------------
@@ -171,23 +168,6 @@ std::map<std::string, std::vector<std::string>> dump_job_tables(const std::strin
   return {{"tasks", dump(db, "tasks")},
           {"receipts", dump(db, "receipts")},
           {"sandboxes", dump(db, "sandboxes")}};
-}
-
-// A receipt row written by hand, as a crash or an older build might have left it.
-void insert_receipt(const std::string& db, const job_id& j, transition t, const std::string& scope,
-                    const std::string& body, const std::string& state = "pending") {
-  SQLite::Database c(db, SQLite::OPEN_READWRITE);
-  SQLite::Statement st(
-      c,
-      "INSERT INTO receipts (id, task_id, transition, scope, body, state, created_at, "
-      "updated_at) VALUES (?, ?, ?, ?, ?, ?, 1, 1)");
-  st.bind(1, protocol::make_event_id(j, t).str());
-  st.bind(2, j.str());
-  st.bind(3, std::string(protocol::to_string(t)));
-  st.bind(4, scope);
-  st.bind(5, body);
-  st.bind(6, state);
-  REQUIRE(st.exec() == 1);
 }
 
 int lines_in(const std::string& path) {

@@ -1,11 +1,16 @@
 #include "support.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <random>
+#include <stdexcept>
 
 namespace tether::test {
 
@@ -23,16 +28,18 @@ scratch_dir::~scratch_dir() {
   std::filesystem::remove_all(p_, ec);
 }
 
-int run_process(const std::vector<std::string>& argv, std::string* out,
-                const std::vector<std::string>& extra_env) {
-  int fds[2];
-  if (::pipe(fds) != 0) return -1;
+namespace {
+
+// Forks and execs `argv` with stdout (and, with `merge_stderr`, stderr) on
+// `out_fd`; the child's copy of `close_fd` is closed.
+pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env,
+            int out_fd, int close_fd, bool merge_stderr) {
   pid_t pid = ::fork();
   if (pid == 0) {
-    ::dup2(fds[1], 1);
-    if (!out) ::dup2(fds[1], 2);
-    ::close(fds[0]);
-    ::close(fds[1]);
+    ::dup2(out_fd, 1);
+    if (merge_stderr) ::dup2(out_fd, 2);
+    ::close(out_fd);
+    ::close(close_fd);
     for (auto& e : extra_env) ::putenv(const_cast<char*>(e.c_str()));
     std::vector<char*> a;
     for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
@@ -40,6 +47,16 @@ int run_process(const std::vector<std::string>& argv, std::string* out,
     ::execv(a[0], a.data());
     ::_exit(127);
   }
+  return pid;
+}
+
+}  // namespace
+
+int run_process(const std::vector<std::string>& argv, std::string* out,
+                const std::vector<std::string>& extra_env) {
+  int fds[2];
+  if (::pipe(fds) != 0) return -1;
+  pid_t pid = spawn(argv, extra_env, fds[1], fds[0], !out);
   ::close(fds[1]);
   std::string buf;
   char chunk[4096];
@@ -50,6 +67,60 @@ int run_process(const std::vector<std::string>& argv, std::string* out,
   ::waitpid(pid, &status, 0);
   if (out) *out = std::move(buf);
   return status;
+}
+
+bounded_run run_bounded(const std::vector<std::string>& argv, std::chrono::milliseconds limit,
+                        const std::vector<std::string>& extra_env) {
+  bounded_run r;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("run_bounded: pipe failed");
+  pid_t pid = spawn(argv, extra_env, fds[1], fds[0], true);
+  ::close(fds[1]);
+  if (pid < 0) {
+    ::close(fds[0]);
+    throw std::runtime_error("run_bounded: fork failed");
+  }
+  // The child's exit is watched through a pidfd, so output kept open by a
+  // process it started cannot keep us waiting.
+  int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &r.status, 0);
+    ::close(fds[0]);
+    throw std::runtime_error("run_bounded: pidfd_open failed; the child was killed");
+  }
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  bool pipe_open = true, exited = false;
+  char chunk[4096];
+  while (!exited) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      r.timed_out = true;
+      ::kill(pid, SIGKILL);  // our own child, by its id
+      break;
+    }
+    pollfd p[2] = {{pidfd, POLLIN, 0}, {fds[0], POLLIN, 0}};
+    int ready = ::poll(p, pipe_open ? 2 : 1, static_cast<int>(left.count()));
+    if (ready < 0 && errno != EINTR) throw std::runtime_error("run_bounded: poll failed");
+    if (ready <= 0) continue;
+    if (pipe_open && (p[1].revents & (POLLIN | POLLHUP))) {
+      ssize_t n = ::read(fds[0], chunk, sizeof chunk);
+      if (n > 0)
+        r.output.append(chunk, static_cast<std::size_t>(n));
+      else
+        pipe_open = false;
+    }
+    exited = p[0].revents & POLLIN;
+  }
+  ::waitpid(pid, &r.status, 0);
+  ::close(pidfd);
+  // What the child wrote before it exited (never waiting on its descendants).
+  ::fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  for (ssize_t n; pipe_open && (n = ::read(fds[0], chunk, sizeof chunk)) > 0;)
+    r.output.append(chunk, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  return r;
 }
 
 captured run_captured(const std::vector<std::string>& argv) {

@@ -1,6 +1,7 @@
 #pragma once
 // Shared test helpers: scratch directories and running awaitables.
 #include <boost/asio/io_context.hpp>
+#include <chrono>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -31,6 +32,18 @@ T run(boost::asio::awaitable<T> a) {
 /// Runs a program to completion; returns its raw wait status.
 int run_process(const std::vector<std::string>& argv, std::string* out = nullptr,
                 const std::vector<std::string>& extra_env = {});
+
+/// What run_bounded() saw.
+struct bounded_run {
+  int status = 0;          // the raw wait status
+  bool timed_out = false;  // still running at the limit: SIGKILLed here
+  std::string output;      // its stdout and stderr, interleaved as written
+};
+/// Runs a program for at most `limit`: one still running then is SIGKILLed
+/// (by its pid) and reaped, and `timed_out` says so, so a hung child fails a
+/// test instead of hanging it.
+bounded_run run_bounded(const std::vector<std::string>& argv, std::chrono::milliseconds limit,
+                        const std::vector<std::string>& extra_env = {});
 
 /// What run_captured() saw: the exit code (-1 if the program did not exit
 /// normally) and its stdout and stderr, interleaved as written.
