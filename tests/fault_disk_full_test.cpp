@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 TEST_CASE(
     "a host on a full disk refuses the prompt that does not fit with a clear error, keeps every "
     "acknowledged one, and goes on once space is freed",
-    "[.][fault][disk]") {
+    "[fault][disk]") {
   if (::geteuid() != 0) {
     WARN("skipped: mounting a size-limited tmpfs needs root");
     return;
@@ -65,7 +65,12 @@ TEST_CASE(
     acked.push_back(*again);
 
     // A restart on the same files: every acknowledged prompt is there, once,
-    // and the owed drains run to the end.
+    // and the owed drains run to the end. It needs room for their writes
+    // (the busy periods the restart resumes, the WAL they grow): with only the
+    // ballast's 512 KiB back the disk filled again in 1 run of 4, and the host
+    // then rightly kept retrying its settle and never went quiet. So more
+    // space is freed first, as an operator would.
+    REQUIRE(::mount("tmpfs", mnt.path().c_str(), "tmpfs", MS_REMOUNT, "size=16m") == 0);
     f.restart();
     f.quiet();
     auto msgs = f.host->store().messages(protocol::session_id("filler"));
