@@ -17,6 +17,7 @@
 
 #include "crash_matrix_support.hpp"
 #include "fault_support.hpp"
+#include "jobs_story_support.hpp"
 #include "sandbox_support.hpp"
 #include "tether/persistence/receipt_store.hpp"
 #include "tether/persistence/report_store.hpp"
@@ -174,54 +175,24 @@ TEST_CASE(
   INFO("the restart said: " << out);
   REQUIRE(WIFEXITED(st));
   REQUIRE(WEXITSTATUS(st) == 0);
-  auto db = (dir / "tether.db").string();
-  check_one_task_store(db);
-
-  auto w = persistence::writer::open(persistence::db_options{db});
-  REQUIRE(w);
-  persistence::report_store reports(**w, db);
-  persistence::receipt_store receipts(**w, db);
-  protocol::session_id owner("ses_owner");
-  auto session = reports.session(owner);
-  auto msgs = reports.messages(owner);
-  auto inbox = reports.inbox(owner);
-  auto jobs = receipts.all_jobs();
-  REQUIRE(session);
-  REQUIRE(*session);
-  REQUIRE(msgs);
-  REQUIRE(inbox);
-  REQUIRE(jobs);
-  CHECK_FALSE((*session)->time_suspended.has_value());  // the turn settled
-  for (auto& r : *inbox) CHECK(r.acked);
-  REQUIRE(jobs->size() == 3);
-  for (auto& j : *jobs) {
+  check_one_task_store((dir / "tether.db").string());
+  auto o = test::read_story_outcome(dir);
+  CHECK_FALSE(o.claimed);       // the turn settled
+  CHECK(o.pending_inbox == 0);  // everything admitted was taken
+  REQUIRE(o.jobs.size() == 3);
+  for (auto& [key, j] : o.jobs) {
     INFO("job " << j.id.str());
-    auto rs = receipts.receipts_of(j.id);
-    REQUIRE(rs);
-    int terminal = 0, owed = 0;
-    bool read = false;
-    for (auto& r : *rs) {
-      if (r.transition == protocol::transition::started) continue;
-      ++terminal;
-      owed += r.state == persistence::receipt_state::pending ||
-              r.state == persistence::receipt_state::dropped;
-      read |= r.state == persistence::receipt_state::read;
-    }
-    CHECK(terminal == 1);
-    CHECK(owed == 0);
-    int notices = 0;
-    for (auto& m : *msgs)
-      notices += m.kind == "notice" && m.text.find(j.id.str()) != std::string::npos;
+    CHECK(j.terminal_receipts == 1);
+    CHECK(j.undelivered == 0);
     // Each terminal receipt reaches the turn once as a notice. The cancelled
     // job's status is read by the replayed turn: if that read comes before
     // the drain, it suppresses the notice (the read is the delivery).
     if (j.state == persistence::owned_state::cancelled) {
-      CHECK(notices <= 1);
-      if (notices == 0) CHECK(read);  // never neither
+      CHECK(j.notices <= 1);
+      if (j.notices == 0) CHECK_FALSE(j.acked);  // read, never neither
     } else {
-      CHECK(notices == 1);
-      CHECK_FALSE(read);
+      CHECK(j.notices == 1);
+      CHECK(j.acked);
     }
   }
-  (*w)->stop();
 }
