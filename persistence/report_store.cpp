@@ -26,6 +26,14 @@ std::string_view to_string(job_status s) {
   return "unknown";
 }
 
+std::string task_state_word(job_status s) {
+  return s == job_status::error ? "failed" : std::string(to_string(s));
+}
+
+std::string task_kind_word(const std::string& kind) {
+  return kind == "shell" ? "local_shell" : kind;
+}
+
 namespace {
 
 void bind_opt(SQLite::Statement& st, int i, const std::optional<session_id>& v) {
@@ -38,16 +46,6 @@ void bind_opt(SQLite::Statement& st, int i, const std::optional<session_id>& v) 
 std::optional<std::string> opt_text(const SQLite::Column& c) {
   if (c.isNull()) return std::nullopt;
   return c.getString();
-}
-
-// The task store's words for the report path's rows: a local shell is the
-// `local_shell` kind and an errored row is `failed`, the one state vocabulary
-// of every task (persistence/schema.cpp, step 4).
-std::string db_kind(const std::string& kind) {
-  return kind == "shell" ? "local_shell" : kind;
-}
-std::string db_state(job_status s) {
-  return s == job_status::error ? "failed" : std::string(to_string(s));
 }
 
 std::string job_payload_text(const job_row& r) {
@@ -89,12 +87,12 @@ void insert_job(SQLite::Database& db, const job_row& r) {
   auto now = now_ms();
   st.bind(1, r.id.str());
   st.bind(2, r.nid.str());
-  st.bind(3, db_kind(r.kind));
+  st.bind(3, task_kind_word(r.kind));
   st.bind(4, r.mode);
   bind_opt(st, 5, r.parent);
   bind_opt(st, 6, r.child);
   st.bind(7, r.generation);
-  st.bind(8, db_state(r.status));
+  st.bind(8, task_state_word(r.status));
   if (r.body)
     st.bind(9, *r.body);
   else
@@ -289,7 +287,7 @@ result<job_row> decode_job(SQLite::Statement& q) {
   bool known = false;
   for (auto s :
        {job_status::running, job_status::completed, job_status::error, job_status::cancelled})
-    if (status == db_state(s)) {
+    if (status == task_state_word(s)) {
       r.status = s;
       known = true;
     }
@@ -447,7 +445,7 @@ awaitable<result<settle_result>> report_store::settle(settle_request req) {
         auto& up = cached_statement(db,
                                     "UPDATE tasks SET state = ?, body = ?, updated_at = ? "
                                     "WHERE id = ? AND state = 'running'");
-        up.bind(1, db_state(terminal));
+        up.bind(1, task_state_word(terminal));
         up.bind(2, req.body);
         up.bind(3, now);
         up.bind(4, req.background_job->str());

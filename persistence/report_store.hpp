@@ -52,6 +52,11 @@ struct message_row {
 
 enum class job_status { running, completed, error, cancelled };
 std::string_view to_string(job_status s);
+/// The task store's words for a report-path row (persistence/schema.cpp,
+/// step 4): its state in the one state vocabulary of every task (an errored
+/// row is `failed`), and its kind (a local shell is `local_shell`).
+std::string task_state_word(job_status s);
+std::string task_kind_word(const std::string& kind);
 
 struct job_row {
   job_id id;

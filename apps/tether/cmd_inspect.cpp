@@ -62,10 +62,6 @@ std::string opt(const std::optional<protocol::session_id>& id) {
 std::string notify_word(const std::optional<bool>& n) {
   return !n ? "default" : *n ? "on" : "off";
 }
-// The task store's word for a report-path row's state.
-std::string task_state(job_status s) {
-  return s == job_status::error ? "failed" : std::string(to_string(s));
-}
 bool owed(const job_row& j) {
   return j.kind == "subagent" && j.status != job_status::running;
 }
@@ -96,8 +92,8 @@ json::object to_json(const snapshot& s) {
   for (auto& j : s.jobs) {
     json::object o;
     o["id"] = j.id.str();
-    o["kind"] = j.kind == "shell" ? "local_shell" : j.kind;
-    o["state"] = task_state(j.status);
+    o["kind"] = persistence::task_kind_word(j.kind);
+    o["state"] = persistence::task_state_word(j.status);
     o["owner"] = opt_json(j.kind == "shell" ? j.child : j.parent);
     o["notification_id"] = j.nid.str();
     o["mode"] = j.mode;
@@ -217,10 +213,10 @@ void print_tasks(std::ostream& out, const snapshot& s) {
   std::vector<std::vector<std::string>> rows{
       {"id", "kind", "state", "owner", "child", "turn", "sandbox", "generation", "what"}};
   for (auto& j : s.jobs)
-    rows.push_back({j.id.str(), j.kind == "shell" ? "local_shell" : j.kind, task_state(j.status),
-                    opt(j.kind == "shell" ? j.child : j.parent),
-                    j.kind == "shell" ? "-" : opt(j.child), "-", "-", std::to_string(j.generation),
-                    j.description});
+    rows.push_back(
+        {j.id.str(), persistence::task_kind_word(j.kind), persistence::task_state_word(j.status),
+         opt(j.kind == "shell" ? j.child : j.parent), j.kind == "shell" ? "-" : opt(j.child), "-",
+         "-", std::to_string(j.generation), j.description});
   for (auto& j : s.owned)
     rows.push_back({j.id.str(), "shell", std::string(persistence::to_string(j.state)),
                     j.scope.thread.str(), "-", j.scope.turn.str(), j.scope.sandbox.str(),
