@@ -463,7 +463,8 @@ awaitable<result<boot_report>> host::boot() {
   auto sessions = store_->sessions();
   if (!sessions)
     co_return error{sessions.error().code, "refusing to boot: " + sessions.error().message};
-  auto jobs = store_->jobs();
+  // Running tasks and owed reports; delivered tasks are history.
+  auto jobs = store_->outstanding_jobs();
   if (!jobs) co_return error{jobs.error().code, "refusing to boot: " + jobs.error().message};
   // Children whose claimed period was woken by their inbox: resumed below,
   // never released (releasing would drop the report their settle owes).
@@ -502,6 +503,7 @@ awaitable<result<boot_report>> host::boot() {
       continue;
     }
     if (row.status != job_status::running) {
+      if (!row.owed) continue;  // delivered or dropped: nothing owed
       if (!row.parent) {
         warn("job " + row.id.str() + " has no parent to report to; the row was cleared");
         ++rep.cleared;

@@ -105,6 +105,16 @@ const row_check k_row_checks[] = {
      "missing on a local shell row"},
     {"tasks", "id", "child_id", "kind = 'subagent' AND state = 'running' AND child_id IS NULL",
      "missing on a running subagent row"},
+    {"tasks", "id", "payload",
+     "kind IN ('subagent','local_shell') AND CASE WHEN json_valid(payload) THEN "
+     "json_type(payload, '$.description') IS NOT 'text' ELSE 1 END",
+     "not a JSON object with a description"},
+    // A terminal subagent task's report is owed, delivered or dropped as its
+    // terminal receipt says: without one, boot could not tell.
+    {"tasks", "id", "state",
+     "kind = 'subagent' AND state IN ('completed','failed','cancelled') AND NOT EXISTS "
+     "(SELECT 1 FROM receipts r WHERE r.task_id = tasks.id AND r.transition != 'started')",
+     "terminal with no terminal receipt (the outbox of its report)"},
     {"inbox", "session_id || '/' || notification_id", "state", "state NOT IN ('pending','acked')",
      "unknown value"},
     {"inbox", "session_id || '/' || notification_id", "admitted_seq",

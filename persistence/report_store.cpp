@@ -77,6 +77,15 @@ std::int64_t append_in_tx(SQLite::Database& db, const std::string& s, const std:
 }
 
 void insert_subagent_started(SQLite::Database& db, const job_row& r);
+void insert_subagent_terminal(SQLite::Database& db, const job_id& job,
+                              const std::optional<session_id>& parent, protocol::transition t,
+                              const std::string& body, std::string_view state);
+
+protocol::transition transition_of(job_status terminal) {
+  return terminal == job_status::completed ? protocol::transition::completed
+         : terminal == job_status::error   ? protocol::transition::failed
+                                           : protocol::transition::cancelled;
+}
 
 void insert_job(SQLite::Database& db, const job_row& r) {
   auto& st =
@@ -102,6 +111,11 @@ void insert_job(SQLite::Database& db, const job_row& r) {
   st.bind(12, now);
   st.exec();
   insert_subagent_started(db, r);
+  // A terminal subagent row is written with its report owed: its terminal
+  // receipt, pending, is the outbox.
+  if (r.kind == "subagent" && r.status != job_status::running)
+    insert_subagent_terminal(db, r.id, r.parent, transition_of(r.status), r.body.value_or(""),
+                             "pending");
 }
 
 // A background subagent job's receipts: `started` when its running row is
@@ -134,21 +148,50 @@ void insert_subagent_started(SQLite::Database& db, const job_row& r) {
   st.exec();
 }
 
-void insert_subagent_terminal(SQLite::Database& db, const job_id& job, protocol::transition t,
+// The terminal receipt of a subagent task: the only outbox of its report.
+// Bound to the scope of its `started` receipt (the parent's tenant, thread
+// and turn when the task was spawned); a none-mode task, minted at settle,
+// has no `started` receipt and is bound to its parent's scope now. A parent
+// that is gone still gets the receipt (boot finds nobody owed it and drops it).
+void insert_subagent_terminal(SQLite::Database& db, const job_id& job,
+                              const std::optional<session_id>& parent, protocol::transition t,
                               const std::string& body, std::string_view state) {
+  std::string scope;
+  {
+    auto& q = cached_statement(db, "SELECT scope FROM receipts WHERE id = ?");
+    q.bind(1, protocol::make_event_id(job, protocol::transition::started).str());
+    if (q.executeStep()) scope = q.getColumn(0).getString();
+    q.reset();
+  }
+  if (scope.empty()) {
+    protocol::owner_scope s;
+    s.tenant = protocol::tenant_id("default");
+    if (parent) {
+      s.thread = *parent;
+      auto& q =
+          cached_statement(db, "SELECT tenant, coalesce(turn, '') FROM sessions WHERE id = ?");
+      q.bind(1, parent->str());
+      if (q.executeStep()) {
+        s.tenant = protocol::tenant_id(q.getColumn(0).getString());
+        s.turn = protocol::turn_id(q.getColumn(1).getString());
+      }
+      q.reset();
+    }
+    scope = protocol::to_text(protocol::to_json(s));
+  }
   auto& st =
       cached_statement(db,
                        "INSERT OR IGNORE INTO receipts (id, task_id, transition, scope, body, "
-                       "state, created_at, updated_at) SELECT ?, task_id, ?, scope, ?, ?, ?, ? "
-                       "FROM receipts WHERE id = ?");
+                       "state, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
   auto now = now_ms();
   st.bind(1, protocol::make_event_id(job, t).str());
-  st.bind(2, std::string(protocol::to_string(t)));
-  st.bind(3, body);
-  st.bind(4, std::string(state));
-  st.bind(5, now);
-  st.bind(6, now);
-  st.bind(7, protocol::make_event_id(job, protocol::transition::started).str());
+  st.bind(2, job.str());
+  st.bind(3, std::string(protocol::to_string(t)));
+  st.bind(4, scope);
+  st.bind(5, body);
+  st.bind(6, std::string(state));
+  st.bind(7, now);
+  st.bind(8, now);
   st.exec();
 }
 
@@ -299,11 +342,15 @@ result<job_row> decode_job(SQLite::Statement& q) {
       [](const json::value& v) { return protocol::job_payload_from_json(v); });
   if (!p) return corrupt_row("tasks", key, p.error().describe());
   r.description = std::move(p->description);
+  r.owed = q.getColumn(10).getInt() != 0;
   return r;
 }
 
+// A task owes its report while its terminal receipt is pending.
 constexpr const char* k_job_cols =
-    "id, notification_id, kind, mode, parent_id, child_id, generation, state, body, payload";
+    "id, notification_id, kind, mode, parent_id, child_id, generation, state, body, payload, "
+    "state NOT IN ('admitted', 'running') AND EXISTS (SELECT 1 FROM receipts r WHERE "
+    "r.task_id = tasks.id AND r.transition != 'started' AND r.state = 'pending')";
 
 }  // namespace
 
@@ -428,32 +475,28 @@ awaitable<result<settle_result>> report_store::settle(settle_request req) {
     job_status terminal = req.outcome == protocol::report_state::completed ? job_status::completed
                           : req.outcome == protocol::report_state::error   ? job_status::error
                                                                            : job_status::cancelled;
-    auto receipt_transition = terminal == job_status::completed ? protocol::transition::completed
-                              : terminal == job_status::error   ? protocol::transition::failed
-                                                                : protocol::transition::cancelled;
+    auto receipt_transition = transition_of(terminal);
     if (req.background_job) {
-      if (req.drop_background) {
-        auto& del = cached_statement(db, "DELETE FROM tasks WHERE id = ?");
-        del.bind(1, req.background_job->str());
-        // A silenced link owes no report: its terminal receipt is not delivered.
-        if (del.exec() == 1)
-          insert_subagent_terminal(db, *req.background_job, receipt_transition, req.body,
-                                   "dropped");
-      } else {
-        // Only a running row becomes terminal: a settle after delivery finds
-        // no row and cannot write it back.
-        auto& up = cached_statement(db,
-                                    "UPDATE tasks SET state = ?, body = ?, updated_at = ? "
-                                    "WHERE id = ? AND state = 'running'");
-        up.bind(1, task_state_word(terminal));
-        up.bind(2, req.body);
-        up.bind(3, now);
-        up.bind(4, req.background_job->str());
-        out.row_written = up.exec() == 1;
-        if (out.row_written)
-          insert_subagent_terminal(db, *req.background_job, receipt_transition, req.body,
-                                   "pending");
-      }
+      // Only a running row becomes terminal (the compare-and-set): a settle
+      // after the report went out finds the row terminal and writes nothing.
+      auto& up = cached_statement(db,
+                                  "UPDATE tasks SET state = ?, body = ?, updated_at = ? "
+                                  "WHERE id = ? AND state = 'running' RETURNING parent_id");
+      up.bind(1, task_state_word(terminal));
+      up.bind(2, req.body);
+      up.bind(3, now);
+      up.bind(4, req.background_job->str());
+      bool moved = up.executeStep();
+      std::optional<session_id> parent;
+      if (moved)
+        if (auto p = opt_text(up.getColumn(0))) parent = session_id(*p);
+      up.reset();
+      // The terminal receipt is the report's outbox; a silenced link owes no
+      // report, so its receipt is written dropped.
+      if (moved)
+        insert_subagent_terminal(db, *req.background_job, parent, receipt_transition, req.body,
+                                 req.drop_background ? "dropped" : "pending");
+      out.row_written = moved && !req.drop_background;
     } else if (req.mint_none) {
       job_row r;
       r.id = job_id(req.mint_none->str());
@@ -464,7 +507,7 @@ awaitable<result<settle_result>> report_store::settle(settle_request req) {
       r.status = terminal;
       r.body = req.body;
       r.description = req.description;
-      insert_job(db, r);
+      insert_job(db, r);  // with its pending terminal receipt
       out.row_written = true;
     }
     return out;
@@ -498,15 +541,14 @@ awaitable<result<void>> report_store::complete(std::vector<notification_id> nids
   auto name = "complete " + std::to_string(nids.size()) + " report(s)";
   std::size_t bytes = 32 * nids.size();
   auto fn = [nids = std::move(nids), delivered](SQLite::Database& db) {
-    // The job's terminal receipt: acknowledged with its report's admission,
-    // or dropped when nobody is owed it any more.
+    // The task's terminal receipt, its report's outbox: acknowledged with the
+    // report's admission, or dropped when nobody is owed it any more. The
+    // task row stays, terminal, with its report.
     auto& rc =
         cached_statement(db,
                          "UPDATE receipts SET state = ?, updated_at = ? WHERE state = 'pending' "
                          "AND transition != 'started' AND task_id IN (SELECT id FROM tasks WHERE "
                          "notification_id = ? AND state != 'running')");
-    auto& st =
-        cached_statement(db, "DELETE FROM tasks WHERE notification_id = ? AND state != 'running'");
     auto now = now_ms();
     for (auto& n : nids) {
       rc.reset();
@@ -514,9 +556,6 @@ awaitable<result<void>> report_store::complete(std::vector<notification_id> nids
       rc.bind(2, now);
       rc.bind(3, n.str());
       rc.exec();
-      st.reset();
-      st.bind(1, n.str());
-      st.exec();
     }
   };
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
@@ -674,11 +713,13 @@ result<std::vector<session_row>> report_reader::sessions() {
   }
 }
 
-result<std::vector<job_row>> report_reader::jobs() {
+namespace {
+
+result<std::vector<job_row>> read_jobs(reader_pool& readers, const char* where) {
   try {
-    auto db = readers_.acquire();
-    auto& q = db.statement(std::string("SELECT ") + k_job_cols +
-                           " FROM tasks WHERE kind NOT IN ('shell') ORDER BY created_at, id");
+    auto db = readers.acquire();
+    auto& q = db.statement(std::string("SELECT ") + k_job_cols + " FROM tasks WHERE " + where +
+                           " ORDER BY created_at, id");
     std::vector<job_row> out;
     while (q.executeStep()) {
       auto r = decode_job(q);
@@ -689,6 +730,21 @@ result<std::vector<job_row>> report_reader::jobs() {
   } catch (const std::exception& e) {
     return read_error("reading jobs", e);
   }
+}
+
+}  // namespace
+
+result<std::vector<job_row>> report_reader::jobs() {
+  return read_jobs(readers_, "kind NOT IN ('shell')");
+}
+
+result<std::vector<job_row>> report_reader::outstanding_jobs() {
+  // Running rows (tasks_live) and rows whose terminal receipt is pending
+  // (receipts_pending): boot's work, without the delivered history.
+  return read_jobs(readers_,
+                   "kind NOT IN ('shell') AND (state IN ('admitted', 'running') OR id IN "
+                   "(SELECT task_id FROM receipts WHERE state = 'pending' AND "
+                   "transition != 'started'))");
 }
 
 result<std::int64_t> report_reader::user_ordinal(const session_id& s, std::int64_t seq) {

@@ -67,8 +67,11 @@ struct job_row {
   std::optional<session_id> child;   // whose busy period it reports (or who owns the shell)
   std::int64_t generation = 0;
   job_status status = job_status::running;
-  std::optional<std::string> body;
-  std::string description;  // subagent description or shell command
+  std::optional<std::string> body;  // the rendered report, once terminal
+  std::string description;          // subagent description or shell command
+  /// Terminal with its terminal receipt pending: the report is owed to the
+  /// parent. A delivered (or dropped) report's row stays, terminal, not owed.
+  bool owed = false;
 };
 
 struct inbox_row {
@@ -116,7 +119,10 @@ class report_reader {
 
   result<std::optional<session_row>> session(const session_id& s);
   result<std::vector<session_row>> sessions();
+  /// Every subagent and local shell task, delivered ones included, oldest first.
   result<std::vector<job_row>> jobs();
+  /// The ones boot has work for: running, or owing their report.
+  result<std::vector<job_row>> outstanding_jobs();
   result<std::vector<message_row>> messages(const session_id& s, std::int64_t after = 0);
   /// How many user messages the session has up to and including seq.
   result<std::int64_t> user_ordinal(const session_id& s, std::int64_t seq);
@@ -178,8 +184,9 @@ class report_store : public report_reader {
   /// calls), resolved after its COMMIT.
   std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> admit_submit(
       session_id to, std::vector<report_item> items);
-  /// The job rows complete: their reports are in the inbox, the outbox rows go.
-  /// `delivered` false: nobody is owed them any more (their receipts are dropped).
+  /// The reports are in the inbox: their tasks' terminal receipts (the
+  /// outbox) are acknowledged; the terminal rows stay. `delivered` false:
+  /// nobody is owed them any more (their receipts are dropped).
   awaitable<result<void>> complete(std::vector<notification_id> nids, bool delivered = true);
   /// Moves pending inbox rows into the transcript and acknowledges them, in
   /// one transaction. Returns the appended messages.

@@ -175,6 +175,29 @@ CREATE INDEX tasks_live ON tasks(state) WHERE state IN ('admitted','running');
 CREATE INDEX tasks_turn ON tasks(thread, turn);
 ALTER TABLE receipts RENAME COLUMN job_id TO task_id;
 )sql",
+      // 5: the terminal receipt is a subagent report's only outbox. Until
+      // now a terminal subagent row was its own outbox (deleted once its
+      // report was delivered), and rows written before subagent receipts
+      // existed, or minted at settle (mode none), have no terminal receipt:
+      // each terminal subagent row still on disk owes its report, so it gets
+      // a pending terminal receipt, bound to its parent's scope when it has no
+      // `started` receipt to copy it from. From now on delivered rows stay.
+      R"sql(
+INSERT OR IGNORE INTO receipts (id, task_id, transition, scope, body, state, created_at, updated_at)
+  SELECT t.id || '/' || CASE t.state WHEN 'completed' THEN 'completed'
+                                     WHEN 'failed' THEN 'failed' ELSE 'cancelled' END,
+         t.id,
+         CASE t.state WHEN 'completed' THEN 'completed'
+                      WHEN 'failed' THEN 'failed' ELSE 'cancelled' END,
+         coalesce((SELECT r.scope FROM receipts r WHERE r.id = t.id || '/started'),
+                  json_object('tenant', coalesce(p.tenant, 'default'),
+                              'thread', coalesce(t.parent_id, ''),
+                              'turn', coalesce(p.turn, ''), 'sandbox', '', 'generation', 0)),
+         coalesce(t.body, ''), 'pending', t.updated_at, t.updated_at
+  FROM tasks t LEFT JOIN sessions p ON p.id = t.parent_id
+  WHERE t.kind = 'subagent' AND t.state IN ('completed', 'failed', 'cancelled')
+    AND NOT EXISTS (SELECT 1 FROM receipts r WHERE r.task_id = t.id AND r.transition != 'started');
+)sql",
   };
   return steps;
 }

@@ -1119,7 +1119,9 @@ class runner {
         return compare(e.op, last->text, e.text);
       }
       case k::jobs_count: {
-        auto jobs = store.jobs();
+        // The outbox view: running tasks and owed reports (delivered tasks
+        // stay in the store, terminal, and are not counted).
+        auto jobs = store.outstanding_jobs();
         if (!jobs) return failed_read(jobs.error());
         long n = 0;
         for (auto& j : *jobs) {

@@ -125,7 +125,7 @@ inline report_outcome read_report_outcome(const std::string& db) {
   o.child = child->has_value();
   auto inbox = store.inbox(protocol::session_id("ses_parent"));
   auto msgs = store.messages(protocol::session_id("ses_parent"));
-  auto jobs = store.jobs();
+  auto jobs = store.outstanding_jobs();
   auto sessions = store.sessions();
   REQUIRE(inbox);
   REQUIRE(msgs);

@@ -195,9 +195,17 @@ TEST_CASE(
   CHECK(d.f.observer->settled_of("child") == 2);
   CHECK(d.transcript_count("child", "notice", job) == 1);
   CHECK(d.receipt_state_of(job_id(job), transition::completed) == "acked");
-  auto jobs = d.host().store().jobs();
-  REQUIRE(jobs);
-  CHECK(jobs->empty());  // both reports delivered: no row owed
+  auto owed = d.host().store().outstanding_jobs();
+  REQUIRE(owed);
+  CHECK(owed->empty());  // both reports delivered: nothing owed
+  // The tasks stay in the store, terminal, their terminal receipts acknowledged.
+  auto tasks = d.host().store().jobs();
+  REQUIRE(tasks);
+  CHECK(tasks->size() == 2);
+  for (auto& t : *tasks) {
+    CHECK(t.status == persistence::job_status::completed);
+    CHECK_FALSE(t.owed);
+  }
 }
 
 TEST_CASE(

@@ -105,6 +105,7 @@ TEST_CASE(
       auto& report = subagents->at(0);
       CHECK(report.kind == "subagent");
       CHECK(report.status == persistence::job_status::completed);
+      CHECK(report.owed);  // its terminal receipt, pending, is the outbox
       REQUIRE(report.body);
       CHECK(report.body->find("Background work still running") != std::string::npos);
       CHECK(subagents->at(1).kind == "shell");

@@ -94,7 +94,7 @@ TEST_CASE(
   REQUIRE(child);
   REQUIRE(*child);
   CHECK_FALSE((*child)->time_suspended);
-  auto jobs = f.host->store().jobs();
+  auto jobs = f.host->store().outstanding_jobs();  // nothing running or owed
   REQUIRE(jobs);
   CHECK(jobs->empty());
   // A second restart owes nothing and delivers nothing again.
@@ -144,7 +144,7 @@ TEST_CASE("a settled report whose delivery fails reaches its parent while the ho
   CHECK(injected);
   CHECK(f.host->store().db_writer().stats().failed_commits == 1);
   CHECK(bodies_with(f, "parent", "the answer") == 1);  // delivered now, not at the next boot
-  auto jobs = f.host->store().jobs();
+  auto jobs = f.host->store().outstanding_jobs();      // nothing running or owed
   REQUIRE(jobs);
   CHECK(jobs->empty());
   CHECK(warned(f, {"the delivery is retried"}));
@@ -229,4 +229,47 @@ TEST_CASE(
   CHECK(f.boot.shells_reattached == 1);
   CHECK(bodies_with(f, "parent", "owed report") == 1);
   CHECK(bodies_with(f, "parent", "final answer") == 1);
+}
+
+TEST_CASE(
+    "a report a v4 database owed without a terminal receipt gets one when the file is migrated "
+    "and is delivered exactly once",
+    "[recovery][migration]") {
+  report_fixture f("recovery-v4-owed-none");
+  REQUIRE(f.sync(f.host->create_session("parent", session_id("parent"))));
+  // A none-mode report as the previous build left it owed: a terminal row and
+  // no terminal receipt (it minted none for mode none, and its row was the outbox).
+  persistence::job_row owed;
+  owed.id = protocol::job_id("msg_owed");
+  owed.nid = protocol::notification_id("msg_owed");
+  owed.mode = "none";
+  owed.parent = session_id("parent");
+  owed.child = session_id("parent");
+  owed.status = persistence::job_status::completed;
+  owed.body = "owed report";
+  owed.description = "Audit routes";
+  REQUIRE(f.sync(f.host->store().write_job(owed)));
+  f.close();
+  {
+    SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
+    CHECK(db.exec("DELETE FROM receipts WHERE task_id = 'msg_owed'") == 1);
+    db.exec("PRAGMA user_version = 4");
+  }
+  f.open();
+  f.quiet();
+  CHECK(f.boot.delivered == 1);
+  CHECK(bodies_with(f, "parent", "owed report") == 1);
+  {
+    SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
+    CHECK(db.execAndGet("PRAGMA user_version").getInt() == persistence::latest_schema_version());
+    CHECK(db.execAndGet("SELECT state FROM receipts WHERE id = 'msg_owed/completed'").getString() ==
+          "acked");
+    // The delivered task stays, terminal.
+    CHECK(db.execAndGet("SELECT state FROM tasks WHERE id = 'msg_owed'").getString() ==
+          "completed");
+  }
+  f.restart();
+  f.quiet();
+  CHECK(f.boot.delivered == 0);
+  CHECK(bodies_with(f, "parent", "owed report") == 1);
 }

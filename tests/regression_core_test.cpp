@@ -82,7 +82,7 @@ TEST_CASE("a failed settle commit keeps the report under its promised id", "[reg
   };
   f.parent_spawns("child");
   REQUIRE(f.sync(f.host->wait_idle(session_id("parent"))));
-  auto jobs = f.host->store().jobs();
+  auto jobs = f.host->store().outstanding_jobs();
   REQUIRE(jobs);
   REQUIRE(jobs->size() == 1);
   auto promised = (*jobs)[0].nid;
@@ -99,7 +99,7 @@ TEST_CASE("a failed settle commit keeps the report under its promised id", "[reg
   REQUIRE(child);
   REQUIRE(*child);
   CHECK_FALSE((*child)->time_suspended);  // the claim was released by the retried settle
-  jobs = f.host->store().jobs();
+  jobs = f.host->store().outstanding_jobs();
   REQUIRE(jobs);
   CHECK(jobs->empty());
   CHECK(warned(f, {"child", "settle did not commit", "retried"}));
@@ -214,7 +214,7 @@ TEST_CASE("a fork naming an existing session is refused and that session is not 
   CHECK(r.error().message.find("a fork creates a new session") != std::string::npos);
   CHECK(transcript_mentions(f, "child", "report this to your parent") == 0);
   CHECK(f.inbox("parent").size() == 1);  // nothing reached the child's parent
-  auto jobs = f.host->store().jobs();
+  auto jobs = f.host->store().outstanding_jobs();
   REQUIRE(jobs);
   CHECK(jobs->empty());
 }
@@ -375,7 +375,7 @@ TEST_CASE(
   CHECK(thrown);
   CHECK(warned(f, {"child", "busy period failed", "the observer broke"}));
   CHECK_FALSE(f.host->is_busy(session_id("child")));
-  auto jobs = f.host->store().jobs();
+  auto jobs = f.host->store().outstanding_jobs();
   REQUIRE(jobs);
   REQUIRE(jobs->size() == 1);  // the running row stays for the next boot
   auto promised = (*jobs)[0].nid;
@@ -443,7 +443,7 @@ TEST_CASE("a follow-up to a busy child joins its live generation: one report, no
   REQUIRE(f.sync(f.host->prompt(*s, "again")));  // the child is still busy with "first"
   REQUIRE(f.sync(f.host->wait_idle(*s)));
   REQUIRE(p.last());
-  auto jobs = f.host->store().jobs();
+  auto jobs = f.host->store().outstanding_jobs();
   REQUIRE(jobs);
   CHECK(jobs->size() == 1);  // joined: no job row of its own
   gate->set(1);
@@ -453,7 +453,7 @@ TEST_CASE("a follow-up to a busy child joins its live generation: one report, no
   CHECK(inbox[0].body.find("answered follow-up") != std::string::npos);
   for (auto& r : inbox) CHECK(r.body.find(protocol::k_no_text_response) == std::string::npos);
   CHECK(f.observer->settled_of("child") == 1);
-  jobs = f.host->store().jobs();
+  jobs = f.host->store().outstanding_jobs();
   REQUIRE(jobs);
   CHECK(jobs->empty());
 }

@@ -81,7 +81,7 @@ TEST_CASE(
   auto r = f.sync(f.host->wait_idle(session_id("child")));
   REQUIRE(r);
   CHECK(f.inbox("parent").size() == 1);  // admitted before the child counted as idle
-  auto jobs = f.host->store().jobs();
+  auto jobs = f.host->store().outstanding_jobs();
   REQUIRE(jobs);
   CHECK(jobs->empty());
 }
@@ -191,23 +191,40 @@ TEST_CASE("a late request to background a settling job is refused") {
   CHECK(f.inbox("parent").empty());  // foreground: no outbox row, no report
 }
 
-TEST_CASE("a settle that runs after delivery cannot write the deleted row back") {
+TEST_CASE("a settle that runs after delivery cannot make the delivered task owe its report again") {
   report_fixture f("resurrect");
   f.on("child", 1, {say("answer")});
   f.parent_spawns("child");
   f.quiet();
   REQUIRE(f.inbox("parent").size() == 1);
-  // Find the job id the child reported under (its row is gone: completed).
+  // The delivered task stays, terminal, its terminal receipt acknowledged.
   SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
-  REQUIRE(db.execAndGet("SELECT count(*) FROM tasks").getInt() == 0);
+  auto job = db.execAndGet("SELECT id FROM tasks WHERE kind = 'subagent'").getString();
+  auto receipt_state = [&] {
+    return db
+        .execAndGet("SELECT state FROM receipts WHERE task_id = '" + job +
+                    "' AND transition != 'started'")
+        .getString();
+  };
+  REQUIRE(receipt_state() == "acked");
   persistence::settle_request late;
   late.child = session_id("child");
-  late.background_job = protocol::job_id("job_that_was_delivered");
+  late.background_job = protocol::job_id(job);
   late.body = "stale";
   auto r = f.sync(f.host->store().settle(late));
   REQUIRE(r);
   CHECK_FALSE(r->row_written);
-  CHECK(db.execAndGet("SELECT count(*) FROM tasks").getInt() == 0);
+  CHECK(receipt_state() == "acked");
+  CHECK(
+      db.execAndGet("SELECT body FROM tasks WHERE id = '" + job + "'").getString().find("answer") !=
+      std::string::npos);
+  auto owed = f.host->store().outstanding_jobs();
+  REQUIRE(owed);
+  CHECK(owed->empty());
+  f.restart();
+  f.quiet();
+  CHECK(f.boot.delivered == 0);
+  CHECK(f.inbox("parent").size() == 1);
 }
 
 TEST_CASE("a job cancelled on its creation tick is reported once") {
@@ -313,14 +330,22 @@ TEST_CASE("an owed report whose parent was deleted is cleared at boot with a war
   f.close();
   {
     SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
+    // As a settle leaves it: the task terminal, its terminal receipt pending.
     db.exec("UPDATE tasks SET state = 'completed', body = 'owed' WHERE kind = 'subagent'");
+    db.exec(
+        "INSERT INTO receipts (id, task_id, transition, scope, body, state, created_at, "
+        "updated_at) SELECT t.id || '/completed', t.id, 'completed', r.scope, 'owed', 'pending', "
+        "0, 0 FROM tasks t JOIN receipts r ON r.id = t.id || '/started'");
     db.exec("DELETE FROM sessions WHERE id = 'parent'");
   }
   f.agents->code.erase("child");
   f.open();
   f.quiet();
   SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
-  CHECK(db.execAndGet("SELECT count(*) FROM tasks").getInt() == 0);
+  // Nobody is owed the report any more: its receipt is dropped, the task stays.
+  CHECK(db.execAndGet("SELECT state FROM receipts WHERE transition = 'completed'").getString() ==
+        "dropped");
+  CHECK(db.execAndGet("SELECT count(*) FROM tasks WHERE state = 'completed'").getInt() == 1);
   std::lock_guard lk(f.m);
   bool warned = false;
   for (auto& w : f.warnings)
@@ -339,6 +364,20 @@ TEST_CASE("boot refuses a job row that does not parse and leaves it in place") {
   CHECK(err.message.find("payload") != std::string::npos);
   SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
   CHECK(db.execAndGet("SELECT count(*) FROM tasks WHERE id = 'job_42'").getInt() == 1);
+}
+
+TEST_CASE(
+    "boot refuses a terminal subagent row with no terminal receipt, since it cannot tell whether "
+    "its report is owed, and leaves it in place") {
+  report_fixture f("no-terminal-receipt");
+  f.close();
+  f.insert_job_row("job_9", "completed", "{\"description\": \"Audit routes\"}");
+  auto err = f.refused_boot();
+  CHECK(err.code == errc::corrupt);
+  CHECK(err.message.find("table 'tasks' key 'job_9': state: terminal with no terminal receipt") !=
+        std::string::npos);
+  SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
+  CHECK(db.execAndGet("SELECT count(*) FROM tasks WHERE id = 'job_9'").getInt() == 1);
 }
 
 TEST_CASE("boot refuses an unknown enum value naming table, key and field") {
@@ -370,7 +409,7 @@ TEST_CASE("a background child reports its answer to the parent once") {
   int reports = 0;
   for (auto& m : *msgs) reports += (m.kind == "report" && m.text == inbox[0].body) ? 1 : 0;
   CHECK(reports == 1);
-  auto jobs = f.host->store().jobs();
+  auto jobs = f.host->store().outstanding_jobs();
   REQUIRE(jobs);
   CHECK(jobs->empty());  // the outbox row completed
 }
@@ -404,7 +443,7 @@ TEST_CASE("a follow-up job that joins a running busy period is answered and repo
   int follow_up = 0;
   for (auto& r : inbox) follow_up += r.body.find("answered follow-up") != std::string::npos ? 1 : 0;
   CHECK(follow_up == 1);
-  auto jobs = f.host->store().jobs();
+  auto jobs = f.host->store().outstanding_jobs();
   REQUIRE(jobs);
   CHECK(jobs->empty());
 }
