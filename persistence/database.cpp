@@ -8,12 +8,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
 #include "tether/persistence/schema.hpp"
 #include "tether/protocol/ids.hpp"
+#include "tether/runtime/executor_pool.hpp"
 
 namespace tether::persistence {
 
@@ -366,7 +370,34 @@ reader_pool::lease::~lease() {
   p_->free_.push_back(std::move(c_));
 }
 
+namespace {
+
+std::atomic<std::uint64_t> g_reads_on_executor{0};
+
+void note_read(const std::string& sql) {
+  if (!runtime::on_executor_thread()) return;
+  g_reads_on_executor.fetch_add(1, std::memory_order_relaxed);
+  static const bool trace = [] {
+    const char* v = std::getenv("TETHER_TRACE_EXECUTOR_READS");
+    return v && *v && std::string_view(v) != "0";
+  }();
+  if (trace) std::fprintf(stderr, "tether: SQLite read on an executor thread: %s\n", sql.c_str());
+}
+
+}  // namespace
+
+std::uint64_t reads_on_executor() {
+  return g_reads_on_executor.load(std::memory_order_relaxed);
+}
+
+boost::asio::thread_pool& reader_pool::read_threads() {
+  std::lock_guard lk(m_);
+  if (!threads_) threads_ = std::make_unique<boost::asio::thread_pool>(2);
+  return *threads_;
+}
+
 SQLite::Statement& reader_pool::lease::statement(const std::string& sql) {
+  note_read(sql);
   auto it = c_->cache.find(sql);
   if (it == c_->cache.end()) {
     // Prepared before it enters the cache: a prepare that throws leaves no empty slot.

@@ -4,16 +4,23 @@
 #include <SQLiteCpp/Database.h>
 #include <SQLiteCpp/Statement.h>
 
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
 #include "tether/runtime/error.hpp"
+#include "tether/runtime/one_shot.hpp"
 
 namespace tether::persistence {
 
@@ -82,11 +89,42 @@ class reader_pool {
   /// A connection for the caller's exclusive use until the lease ends.
   lease acquire();
 
+  /// Runs `fn` (a read through this pool, returning a result<T>) on the
+  /// pool's own read threads and resumes the caller on its executor once it
+  /// returned: an actor awaits its reads instead of blocking its executor on
+  /// SQLite. Name the lambda in a statement of its own before awaiting (GCC 12
+  /// destroys a capturing lambda temporary inside co_await twice).
+  template <class F>
+  boost::asio::awaitable<std::invoke_result_t<F&>> offload(F fn) {
+    using R = std::invoke_result_t<F&>;
+    auto shot = runtime::one_shot<R>::make();
+    auto job = [fn = std::move(fn), shot]() mutable {
+      try {
+        shot->set(fn());
+      } catch (const std::exception& e) {
+        shot->set(R(error{errc::io, std::string("read failed: ") + e.what()}));
+      }
+    };
+    boost::asio::post(read_threads(), std::move(job));
+    co_return co_await shot->async_wait(boost::asio::use_awaitable);
+  }
+
  private:
+  boost::asio::thread_pool& read_threads();
+
   std::string path_;
   std::mutex m_;
   std::vector<std::unique_ptr<connection>> free_;
+  // Started on the first offload(); declared last, so it is joined before
+  // the connections it reads through go.
+  std::unique_ptr<boost::asio::thread_pool> threads_;
 };
+
+/// How many statements were prepared or run through a reader_pool on an
+/// actor's executor thread (runtime::on_executor_thread()) since the process
+/// started: the rule is none (an actor offload()s its reads). Set
+/// TETHER_TRACE_EXECUTOR_READS=1 to print each one's SQL on stderr.
+std::uint64_t reads_on_executor();
 
 /// "what SQLite said", with the extended code.
 std::string sqlite_message(const std::exception& e);

@@ -75,6 +75,13 @@ class receipt_reader {
   /// The generation this host is bound to for `sandbox`, if any.
   result<std::optional<std::uint64_t>> bound_generation(const protocol::sandbox_id& sandbox);
 
+  /// Runs `fn` (which calls the reads above) on the read threads and resumes
+  /// the caller on its executor: how an actor reads (reader_pool::offload).
+  template <class F>
+  auto offload(F fn) {
+    return readers_.offload(std::move(fn));
+  }
+
  protected:
   reader_pool readers_;
 };

@@ -133,6 +133,13 @@ class report_reader {
   /// paging backwards 20 rows at a time.
   result<std::optional<message_row>> last_assistant_after(const session_id& s, std::int64_t after);
 
+  /// Runs `fn` (which calls the reads above) on the read threads and resumes
+  /// the caller on its executor: how an actor reads (reader_pool::offload).
+  template <class F>
+  auto offload(F fn) {
+    return readers_.offload(std::move(fn));
+  }
+
  protected:
   reader_pool readers_;
 };

@@ -5,6 +5,14 @@
 
 namespace tether::runtime {
 
+namespace {
+thread_local bool t_executor_thread = false;
+}  // namespace
+
+bool on_executor_thread() {
+  return t_executor_thread;
+}
+
 executor_pool::executor_pool(std::size_t threads) {
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   for (std::size_t i = 0; i < threads; ++i) {
@@ -13,6 +21,7 @@ executor_pool::executor_pool(std::size_t threads) {
   }
   for (std::size_t i = 0; i < threads; ++i) {
     threads_.emplace_back([ctx = contexts_[i].get()] {
+      t_executor_thread = true;
       for (;;) {
         try {
           ctx->run();

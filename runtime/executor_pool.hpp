@@ -11,6 +11,10 @@
 
 namespace tether::runtime {
 
+/// Whether the calling thread is one of an executor_pool's threads (an
+/// actor's executor): code that must not block there (a SQLite read) checks.
+bool on_executor_thread();
+
 class executor_pool {
  public:
   using executor = boost::asio::io_context::executor_type;
