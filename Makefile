@@ -42,7 +42,7 @@ bench: configure
 FUZZ_SECONDS ?= 60
 FUZZ_CHECK_SECONDS ?= 5
 FUZZ_BUILD ?= build-fuzz
-FUZZ_HARNESSES := sandbox_wire payloads scenario scrub output_tail
+FUZZ_HARNESSES := sandbox_wire payloads scenario scrub output_tail framing
 
 fuzz-build:
 	@./scripts/deps.sh fuzz

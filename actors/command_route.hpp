@@ -1,7 +1,7 @@
 #pragma once
 // Command routes: how commands reach a sandbox.
 //
-// The platform route is the sandbox daemon's own socket (a sandbox_client).
+// The platform route is the sandbox daemon's own socket (a sandbox::client).
 // An optional adapter route attaches to the same sandbox, which the platform
 // already owns. A failing route is a channel failure, not a sandbox failure:
 // after `max_failures` infrastructure failures in a row the routed channel
@@ -16,9 +16,13 @@
 #include <optional>
 #include <string>
 
-#include "tether/actors/sandbox_client.hpp"
+#include "tether/sandbox/client.hpp"
 
 namespace tether::actors {
+
+namespace wire = protocol::sandbox;
+using boost::asio::awaitable;
+using protocol::job_id;
 
 class command_route {
  public:
@@ -41,7 +45,7 @@ class command_route {
 /// A route over one daemon connection (the platform's own, or an adapter's).
 class client_route : public command_route {
  public:
-  client_route(std::string name, std::unique_ptr<sandbox_client> c)
+  client_route(std::string name, std::unique_ptr<sandbox::client> c)
       : name_(std::move(name)), c_(std::move(c)) {}
   std::string name() const override { return name_; }
   awaitable<result<wire::started_rep>> exec(wire::exec_req r) override;
@@ -49,11 +53,11 @@ class client_route : public command_route {
   awaitable<result<protocol::shell_completion>> kill(job_id job) override;
   awaitable<result<std::vector<job_id>>> expire(job_id job) override;
   void close() override { c_->close(); }
-  sandbox_client& client() { return *c_; }
+  sandbox::client& client() { return *c_; }
 
  private:
   std::string name_;
-  std::unique_ptr<sandbox_client> c_;
+  std::unique_ptr<sandbox::client> c_;
 };
 
 /// How long the platform keeps the sandbox. Only ever extended from a route.

@@ -12,6 +12,8 @@
 #include "tether/protocol/scrub.hpp"
 #include "tether/runtime/crash_point.hpp"
 #include "tether/runtime/retry.hpp"
+#include "tether/sandbox/daemon_process.hpp"
+#include "tether/sandbox/state_dir.hpp"
 
 namespace tether::actors {
 
@@ -266,22 +268,22 @@ awaitable<result<void>> job_queue::open_route() {
 awaitable<result<void>> job_queue::open_route_once() {
   if (opts_.sandbox_dir.empty())
     co_return error{errc::refused, "no sandbox is configured (job_queue_options.sandbox_dir)"};
-  std::string socket = socket_path_for(opts_.sandbox_dir);
+  std::string socket = sandbox::socket_path_for(opts_.sandbox_dir);
   if (opts_.start_daemon) {
     // ensure_daemon blocks (it may start one and read its readiness line):
     // never on an executor.
-    daemon_options d;
+    sandbox::daemon_options d;
     d.state_dir = opts_.sandbox_dir;
     d.binary = opts_.daemon_binary;
-    auto ready = runtime::one_shot<result<daemon_handle>>::make();
-    std::thread([d, ready] { ready->set(ensure_daemon(d)); }).detach();
+    auto ready = runtime::one_shot<result<sandbox::daemon_handle>>::make();
+    std::thread([d, ready] { ready->set(sandbox::ensure_daemon(d)); }).detach();
     auto h = co_await ready->async_wait(asio::use_awaitable);
     if (!h) co_return h.error();
     socket = h->socket_path;
   }
   if (closing()) co_return stopping_error();
-  auto c = co_await sandbox_client::connect(socket, wire::conn_mode::read_write, "tether host",
-                                            opts_.client);
+  auto c = co_await sandbox::client::connect(socket, wire::conn_mode::read_write, "tether host",
+                                             opts_.client);
   if (!c) co_return c.error();
   if (closing()) co_return stopping_error();  // the client closes as it goes
   auto hello = (*c)->hello();
@@ -418,7 +420,7 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
   j.scope.sandbox = sandbox_->first;
   j.scope.generation = sandbox_->second;
   j.channel = req.channel;
-  auto env = req.env.empty() ? current_environment() : std::move(req.env);
+  auto env = req.env.empty() ? sandbox::current_environment() : std::move(req.env);
   protocol::scrubber scrub(protocol::scrub_rules::from_env(env));
   j.preview = protocol::make_preview(scrub.scrub(req.command)).text;
   auto id = j.id;
@@ -934,7 +936,7 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
 
   // Every recorded owner must be recovered on its own sandbox generation,
   // through a read-only connection that cannot start anything.
-  std::unique_ptr<sandbox_client> ro;
+  std::unique_ptr<sandbox::client> ro;
   for (auto& j : *live) {
     auto who = "owned job '" + j.id.str() + "' (tenant " + j.scope.tenant.str() + ", thread " +
                j.scope.thread.str() + ", turn " + j.scope.turn.str() + ")";
@@ -951,9 +953,9 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
       co_return stop("ran on sandbox '" + j.scope.sandbox.str() + "' generation " +
                      std::to_string(j.scope.generation) + ", but no sandbox is configured");
     if (!ro) {
-      auto c = co_await sandbox_client::connect(socket_path_for(opts_.sandbox_dir),
-                                                wire::conn_mode::read_only, "tether recovery",
-                                                opts_.client);
+      auto c = co_await sandbox::client::connect(sandbox::socket_path_for(opts_.sandbox_dir),
+                                                 wire::conn_mode::read_only, "tether recovery",
+                                                 opts_.client);
       if (!c)
         co_return stop("ran on sandbox '" + j.scope.sandbox.str() + "' generation " +
                        std::to_string(j.scope.generation) + ", whose daemon cannot be reached (" +

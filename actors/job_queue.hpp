@@ -61,7 +61,7 @@ struct job_queue_options {
   std::string cwd;  // default working directory of commands; default: the host's
   /// Deadline and heartbeat of the queue's daemon connections (the platform
   /// route and recovery's read-only one): a wedged daemon is an error, not a hang.
-  client_options client = client_options::from_env();
+  sandbox::client_options client = sandbox::client_options::from_env();
   /// Instrumentation (benches, tests): called on the queue's executor when a
   /// job's completion arrived ("completion"), when its terminal transition
   /// committed ("terminal") and when its terminal receipt was handed over to

@@ -15,9 +15,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "tether/actors/sandbox_client.hpp"
 #include "tether/protocol/output_tail.hpp"
 #include "tether/protocol/report.hpp"
+#include "tether/sandbox/client.hpp"
 
 extern char** environ;
 
@@ -70,7 +70,7 @@ std::int64_t now_ms() {
 shell_runner::shell_runner(runtime::executor ex, std::string dir, on_exit_fn on_exit)
     : ex_(ex),
       dir_(std::move(dir)),
-      scrub_(protocol::scrub_rules::from_env(current_environment())),
+      scrub_(protocol::scrub_rules::from_env(sandbox::current_environment())),
       on_exit_(std::move(on_exit)) {
   std::filesystem::create_directories(dir_);
 }

@@ -1,7 +1,7 @@
 // bench_delivery: many turns, each owning many short background jobs launched
 // through the host's job queue into a real tether-sandboxd; how fast their
 // terminal receipts are handed over to the owning turn, WAL and
-// synchronous=FULL, against the same commands through a raw sandbox_client
+// synchronous=FULL, against the same commands through a raw sandbox::client
 // (exec + wait, no persistence) in the same run and on the same daemon.
 //
 // Shape (argv, all optional): bench_delivery [SESSIONS=32] [JOBS_PER_SESSION=32]
@@ -76,8 +76,9 @@
 
 #include "support.hpp"
 #include "tether/actors/host.hpp"
-#include "tether/actors/sandbox_client.hpp"
 #include "tether/runtime/sync_wait.hpp"
+#include "tether/sandbox/client.hpp"
+#include "tether/sandbox/daemon_process.hpp"
 
 namespace {
 
@@ -96,13 +97,13 @@ const std::vector<std::string> k_commands = {"true", "echo x"};
 
 // For die(): the daemon to stop and the scratch directory to mention.
 std::mutex g_die_m;
-std::optional<actors::daemon_handle> g_daemon;
+std::optional<sandbox::daemon_handle> g_daemon;
 std::string g_dir;
 
 [[noreturn]] void die(const std::string& what) {
   std::lock_guard lk(g_die_m);
   std::fprintf(stderr, "bench_delivery: %s\n", what.c_str());
-  if (g_daemon) (void)actors::stop_daemon(*g_daemon);
+  if (g_daemon) (void)sandbox::stop_daemon(*g_daemon);
   if (!g_dir.empty())
     std::fprintf(stderr, "bench_delivery: scratch directories kept: %s\n", g_dir.c_str());
   std::fflush(stderr);
@@ -437,7 +438,7 @@ struct raw_state {
   std::vector<double> exec_ms;  // one thread: the io_context's
 };
 
-awaitable<void> raw_wait(actors::sandbox_client* c, job_id j, raw_state* st) {
+awaitable<void> raw_wait(sandbox::client* c, job_id j, raw_state* st) {
   auto done = co_await c->wait(j);
   c->forget(j);
   if (!done) die("raw wait for " + j.str() + " failed: " + done.error().message);
@@ -456,7 +457,7 @@ wire::exec_req raw_request(int i, const std::string& cwd,
   return r;
 }
 
-awaitable<void> raw_turn(actors::sandbox_client* c, int jobs, std::string cwd,
+awaitable<void> raw_turn(sandbox::client* c, int jobs, std::string cwd,
                          std::vector<std::pair<std::string, std::string>> env, raw_state* st) {
   auto ex = co_await asio::this_coro::executor;
   for (int i = 0; i < jobs; ++i) {
@@ -475,10 +476,10 @@ awaitable<void> raw_turn(actors::sandbox_client* c, int jobs, std::string cwd,
 // jobs one after the other (a waiter per job), like the turns.
 awaitable<raw_outcome> raw_run(std::string socket, std::string cwd, shape s, int warmup,
                                pid_t daemon_pid) {
-  auto c = co_await actors::sandbox_client::connect(socket, wire::conn_mode::read_write, k_bench);
+  auto c = co_await sandbox::client::connect(socket, wire::conn_mode::read_write, k_bench);
   if (!c) die("connect: " + c.error().message);
   auto* client = c->get();
-  auto env = actors::current_environment();
+  auto env = sandbox::current_environment();
   auto ex = co_await asio::this_coro::executor;
   for (int i = 0; i < warmup; ++i) {
     auto r = raw_request(i, cwd, env);
@@ -591,7 +592,7 @@ int main(int argc, char** argv) {
     g_dir += " and " + sbx_dir;
   }
 
-  actors::daemon_options d;
+  sandbox::daemon_options d;
   d.state_dir = sbx_dir + "/state";
   d.binary = std::string(TETHER_BIN_DIR) + "/tether-sandboxd";
   d.detach = false;
@@ -599,7 +600,7 @@ int main(int argc, char** argv) {
   // too short here: with SESSIONS execs queued ahead of it in the daemon, a
   // raw waiter's attach was seen to reach the daemon more than 5 s after its
   // job ended (on a loaded 2-core machine), and the job was already forgotten.
-  auto daemon = actors::ensure_daemon(d);
+  auto daemon = sandbox::ensure_daemon(d);
   if (!daemon) die("starting the daemon: " + daemon.error().message);
   {
     std::lock_guard lk(g_die_m);
@@ -630,7 +631,7 @@ int main(int argc, char** argv) {
     std::lock_guard lk(g_die_m);
     g_daemon.reset();
   }
-  if (auto st = actors::stop_daemon(*daemon); !st)
+  if (auto st = sandbox::stop_daemon(*daemon); !st)
     std::fprintf(stderr, "bench_delivery: stopping the daemon: %s\n", st.error().message.c_str());
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);

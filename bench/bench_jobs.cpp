@@ -14,8 +14,9 @@
 #include <filesystem>
 
 #include "support.hpp"
-#include "tether/actors/sandbox_client.hpp"
 #include "tether/runtime/sync_wait.hpp"
+#include "tether/sandbox/client.hpp"
+#include "tether/sandbox/daemon_process.hpp"
 
 extern char** environ;
 
@@ -65,8 +66,7 @@ struct samples {
 };
 
 awaitable<void> drive(std::string socket, std::string cwd, int jobs, samples& out) {
-  auto c =
-      co_await actors::sandbox_client::connect(socket, wire::conn_mode::read_write, "bench_jobs");
+  auto c = co_await sandbox::client::connect(socket, wire::conn_mode::read_write, "bench_jobs");
   if (!c) {
     std::fprintf(stderr, "bench_jobs: %s\n", c.error().message.c_str());
     std::exit(1);
@@ -74,7 +74,7 @@ awaitable<void> drive(std::string socket, std::string cwd, int jobs, samples& ou
   auto& client = **c;
   // The same environment the raw baseline's bash gets (without HOME, bash
   // looks the user up through NSS on every start).
-  auto env = actors::current_environment();
+  auto env = sandbox::current_environment();
   auto one = [&](const std::string& cmd) -> awaitable<double> {
     auto t0 = bench::clock::now();
     wire::exec_req r;
@@ -135,12 +135,12 @@ int main(int argc, char** argv) {
   char tmpl[] = "/tmp/tether-bench-jobs-XXXXXX";
   if (!::mkdtemp(tmpl)) return 1;
   std::string dir = tmpl;
-  actors::daemon_options o;
+  sandbox::daemon_options o;
   o.state_dir = dir + "/state";
   o.binary = std::string(TETHER_BIN_DIR) + "/tether-sandboxd";
   o.detach = false;
   o.grace = std::chrono::seconds(5);
-  auto d = actors::ensure_daemon(o);
+  auto d = sandbox::ensure_daemon(o);
   if (!d) {
     std::fprintf(stderr, "bench_jobs: %s\n", d.error().message.c_str());
     return 1;
@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_jobs: %s\n", e.what());
     rc = 1;
   }
-  (void)actors::stop_daemon(*d);
+  (void)sandbox::stop_daemon(*d);
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   if (rc) return rc;

@@ -50,7 +50,7 @@ struct route_probe {
 // daemon got the request (the reply is lost), so a retry really repeats it.
 class fault_route : public command_route {
  public:
-  fault_route(std::string name, std::unique_ptr<sandbox_client> c,
+  fault_route(std::string name, std::unique_ptr<sandbox::client> c,
               std::shared_ptr<route_probe> probe)
       : name_(std::move(name)), probe_(std::move(probe)) {
     {
@@ -88,7 +88,7 @@ class fault_route : public command_route {
     co_return co_await real_->kill(std::move(job));
   }
 
-  sandbox_client& client() { return real_->client(); }
+  sandbox::client& client() { return real_->client(); }
   route_probe& probe() { return *probe_; }
 
   int fail_next = 0;
@@ -132,7 +132,7 @@ struct adapter_config {
 // The host's adapter factory: runs on the job queue's executor, so no REQUIREs.
 awaitable<result<std::shared_ptr<command_route>>> make_fault_adapter(
     std::string socket, std::shared_ptr<route_probe> probe, adapter_config cfg) {
-  auto c = co_await sandbox_client::connect(socket, wire::conn_mode::read_write, "fault adapter");
+  auto c = co_await sandbox::client::connect(socket, wire::conn_mode::read_write, "fault adapter");
   if (!c) co_return c.error();
   auto r = std::make_shared<fault_route>("fault-adapter", std::move(*c), std::move(probe));
   r->fail_always = cfg.fail_always;

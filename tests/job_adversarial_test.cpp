@@ -103,7 +103,7 @@ boost::asio::awaitable<bool> daemon_runs(std::string socket, job_id j) {
 
 // Whether anything answers on `socket` (connecting never starts a daemon).
 boost::asio::awaitable<bool> daemon_answers(std::string socket) {
-  auto c = co_await sandbox_client::connect(socket, wire::conn_mode::read_only, "tether_tests");
+  auto c = co_await sandbox::client::connect(socket, wire::conn_mode::read_only, "tether_tests");
   if (c) (*c)->close();
   co_return c.has_value();
 }
@@ -471,7 +471,7 @@ TEST_CASE("a daemon that is gone while the host was down refuses the boot and ke
   CHECK_THAT(e.message, Contains("no new work was started"));
   CHECK(column_of(db_path(d), "tasks", j.str(), "state") == "running");
   // Recovery never provisions: no daemon was started in its place.
-  CHECK_FALSE(run(daemon_answers(actors::socket_path_for(d.daemon.options().state_dir))));
+  CHECK_FALSE(run(daemon_answers(sandbox::socket_path_for(d.daemon.options().state_dir))));
 }
 
 TEST_CASE(

@@ -79,8 +79,8 @@ std::vector<std::string> resume(const fs::path& dir, const std::string& sbx) {
 boost::asio::awaitable<bool> ended_within(std::string socket, protocol::job_id job,
                                           std::chrono::seconds limit) {
   using namespace boost::asio::experimental::awaitable_operators;
-  auto c = co_await actors::sandbox_client::connect(socket, protocol::sandbox::conn_mode::read_only,
-                                                    "tether_tests");
+  auto c = co_await sandbox::client::connect(socket, protocol::sandbox::conn_mode::read_only,
+                                             "tether_tests");
   if (!c) co_return false;
   boost::asio::steady_timer t(co_await boost::asio::this_coro::executor, limit);
   auto waited = (*c)->wait(job);

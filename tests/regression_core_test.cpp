@@ -306,7 +306,8 @@ namespace {
 // is not confirmed.
 class refusing_kill_route : public actors::command_route {
  public:
-  refusing_kill_route(std::unique_ptr<sandbox_client> c, std::shared_ptr<std::atomic<int>> refusals)
+  refusing_kill_route(std::unique_ptr<sandbox::client> c,
+                      std::shared_ptr<std::atomic<int>> refusals)
       : real_("refusing-inner", std::move(c)), refusals_(std::move(refusals)) {}
   std::string name() const override { return "refusing-adapter"; }
   awaitable<result<wire::started_rep>> exec(wire::exec_req r) override {
@@ -329,7 +330,7 @@ class refusing_kill_route : public actors::command_route {
 
 awaitable<result<std::shared_ptr<actors::command_route>>> refusing_adapter(
     std::string socket, std::shared_ptr<std::atomic<int>> refusals) {
-  auto c = co_await sandbox_client::connect(socket, wire::conn_mode::read_write, "refusing");
+  auto c = co_await sandbox::client::connect(socket, wire::conn_mode::read_write, "refusing");
   if (!c) co_return c.error();
   co_return std::shared_ptr<actors::command_route>(
       std::make_shared<refusing_kill_route>(std::move(*c), std::move(refusals)));

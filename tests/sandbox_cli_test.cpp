@@ -19,9 +19,9 @@ void stop_detached(const std::string& state_dir) {
   long pid = 0;
   f >> pid;
   REQUIRE(pid > 0);
-  actors::daemon_handle h;
+  sandbox::daemon_handle h;
   h.pid = static_cast<pid_t>(pid);
-  REQUIRE(actors::stop_daemon(h).has_value());
+  REQUIRE(sandbox::stop_daemon(h).has_value());
 }
 
 }  // namespace

@@ -110,8 +110,8 @@ struct env_var {
   const char* name_;
 };
 
-actors::daemon_options idle_exit(std::chrono::milliseconds ms) {
-  actors::daemon_options o;
+sandbox::daemon_options idle_exit(std::chrono::milliseconds ms) {
+  sandbox::daemon_options o;
   o.idle_exit = ms;
   return o;
 }
@@ -192,7 +192,7 @@ TEST_CASE(
     "connections over the daemon's cap are told so and closed, and one more is served once "
     "another closes",
     "[sandbox][connection][security]") {
-  actors::daemon_options o;
+  sandbox::daemon_options o;
   o.max_connections = 2;
   sandbox_daemon d("sbx-conn-cap", o);
   line_conn c1(d.socket()), c2(d.socket());
@@ -208,7 +208,7 @@ TEST_CASE(
   CHECK(c3.closed_by_daemon());
   // The host-side client reports the daemon's reason, not just a hang-up.
   auto via_client = [&]() -> awaitable<void> {
-    auto c = co_await sandbox_client::connect(d.socket(), wire::conn_mode::read_only, "t");
+    auto c = co_await sandbox::client::connect(d.socket(), wire::conn_mode::read_only, "t");
     REQUIRE_FALSE(c.has_value());
     CHECK_THAT(c.error().message, Catch::Contains("--max-connections 2"));
   };
@@ -264,7 +264,7 @@ TEST_CASE("pipelined attaches whose replies are never read leave the daemon's me
 
 TEST_CASE("a connection's requests beyond its in-flight cap wait unread until one is answered",
           "[sandbox][connection][security]") {
-  actors::daemon_options o;
+  sandbox::daemon_options o;
   o.max_in_flight = 2;
   sandbox_daemon d("sbx-conn-in-flight", o);
   auto cwd = d.dir().path().string();

@@ -19,7 +19,7 @@ using protocol::job_state;
 TEST_CASE(
     "a daemon says its sandbox id, generation and protocol version, --replace bumps the generation",
     "[sandbox]") {
-  actors::daemon_options o;
+  sandbox::daemon_options o;
   o.sandbox_id = "sbx-hello";
   sandbox_daemon d("sbx-hello", o);
   auto hello = [&]() -> awaitable<wire::hello_rep> {
@@ -46,7 +46,7 @@ TEST_CASE(
   d.stop();
   d.options().replace = false;
   d.options().sandbox_id = "sbx-other";
-  auto refused = actors::ensure_daemon(d.options());
+  auto refused = sandbox::ensure_daemon(d.options());
   REQUIRE_FALSE(refused.has_value());
   CHECK_THAT(refused.error().message, Catch::Contains("belongs to sandbox 'sbx-hello'"));
 }
@@ -245,7 +245,7 @@ TEST_CASE(
 }
 
 TEST_CASE("the grace timer cleans completed jobs up by itself", "[sandbox]") {
-  actors::daemon_options o;
+  sandbox::daemon_options o;
   o.grace = std::chrono::milliseconds(1);
   sandbox_daemon d("sbx-expiry", o);
   auto cwd = d.dir().path().string();
@@ -332,9 +332,9 @@ TEST_CASE("connecting never starts a daemon, read-only or not, no daemon is an e
           "[sandbox]") {
   scratch_dir dir("sbx-nodaemon");
   auto body = [&]() -> awaitable<void> {
-    auto sock = actors::socket_path_for(dir.file("state"));
+    auto sock = sandbox::socket_path_for(dir.file("state"));
     for (auto mode : {wire::conn_mode::read_only, wire::conn_mode::read_write}) {
-      auto c = co_await sandbox_client::connect(sock, mode);
+      auto c = co_await sandbox::client::connect(sock, mode);
       REQUIRE_FALSE(c.has_value());
       CHECK(c.error().code == errc::not_found);
       CHECK_THAT(c.error().message, Catch::Contains("never starts one"));

@@ -18,16 +18,16 @@ using std::chrono::milliseconds;
 
 namespace {
 
-actors::client_options short_deadline() {
-  actors::client_options o;
+sandbox::client_options short_deadline() {
+  sandbox::client_options o;
   o.deadline = milliseconds(300);
   o.heartbeat = milliseconds(100);
   return o;
 }
 
-awaitable<result<client_ptr>> dial(std::string socket, actors::client_options o) {
-  co_return co_await sandbox_client::connect(socket, wire::conn_mode::read_write, "tether_tests",
-                                             std::move(o));
+awaitable<result<client_ptr>> dial(std::string socket, sandbox::client_options o) {
+  co_return co_await sandbox::client::connect(socket, wire::conn_mode::read_write, "tether_tests",
+                                              std::move(o));
 }
 
 std::string describe(const error& e) {

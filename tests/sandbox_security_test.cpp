@@ -89,12 +89,12 @@ TEST_CASE("with no TETHER_SANDBOX_DIR, HOME or XDG_RUNTIME_DIR there is no state
   env.set("TETHER_SANDBOX_DIR", nullptr);
   env.set("HOME", nullptr);
   env.set("XDG_RUNTIME_DIR", nullptr);
-  auto none = actors::default_state_dir();
+  auto none = sandbox::default_state_dir();
   REQUIRE_FALSE(none.has_value());
   CHECK_THAT(none.error().message, Catch::Contains("set TETHER_SANDBOX_DIR"));
 
   env.set("XDG_RUNTIME_DIR", "/run/user/4242");
-  auto xdg = actors::default_state_dir();
+  auto xdg = sandbox::default_state_dir();
   REQUIRE(xdg.has_value());
   CHECK(*xdg == "/run/user/4242/tether-sandbox");
 
@@ -116,11 +116,11 @@ TEST_CASE("a state directory another user owns or may write is refused by client
   std::string foreign = t.path + "/foreign";
   REQUIRE(::mkdir(foreign.c_str(), 0700) == 0);
   REQUIRE(::chown(foreign.c_str(), k_other_uid, k_other_uid) == 0);
-  actors::daemon_options o;
+  sandbox::daemon_options o;
   o.state_dir = foreign;
   o.binary = sandboxd_binary();
   o.detach = false;
-  auto r = actors::ensure_daemon(o);
+  auto r = sandbox::ensure_daemon(o);
   REQUIRE_FALSE(r.has_value());
   CHECK_THAT(r.error().message, Catch::Contains("owned by uid 65534"));
   // The daemon checks on its own too.
@@ -134,7 +134,7 @@ TEST_CASE("a state directory another user owns or may write is refused by client
   REQUIRE(::mkdir(shared.c_str(), 0700) == 0);
   REQUIRE(::chmod(shared.c_str(), 0770) == 0);
   o.state_dir = shared;
-  auto r2 = actors::ensure_daemon(o);
+  auto r2 = sandbox::ensure_daemon(o);
   REQUIRE_FALSE(r2.has_value());
   CHECK_THAT(r2.error().message, Catch::Contains("mode 0770 lets group or others write it"));
   CHECK_FALSE(fs::exists(shared + "/lock"));
@@ -145,7 +145,7 @@ TEST_CASE("a symbolic link planted in the state directory is never followed",
   tmp_dir t;
   std::string victim = t.path + "/victim";
   std::ofstream(victim) << "precious\n";
-  actors::daemon_options o;
+  sandbox::daemon_options o;
   o.binary = sandboxd_binary();
   o.detach = false;
 
@@ -153,7 +153,7 @@ TEST_CASE("a symbolic link planted in the state directory is never followed",
   o.state_dir = t.path + "/a";
   REQUIRE(::mkdir(o.state_dir.c_str(), 0700) == 0);
   REQUIRE(::symlink(victim.c_str(), (o.state_dir + "/lock").c_str()) == 0);
-  auto r = actors::ensure_daemon(o);
+  auto r = sandbox::ensure_daemon(o);
   REQUIRE_FALSE(r.has_value());
   CHECK_THAT(r.error().message, Catch::Contains("lock"));
   CHECK(slurp(victim) == "precious\n");
@@ -162,7 +162,7 @@ TEST_CASE("a symbolic link planted in the state directory is never followed",
   o.state_dir = t.path + "/b";
   REQUIRE(::mkdir(o.state_dir.c_str(), 0700) == 0);
   REQUIRE(::symlink(victim.c_str(), (o.state_dir + "/daemon.log").c_str()) == 0);
-  auto r2 = actors::ensure_daemon(o);
+  auto r2 = sandbox::ensure_daemon(o);
   REQUIRE_FALSE(r2.has_value());
   CHECK_THAT(r2.error().message, Catch::Contains("daemon.log"));
   CHECK(slurp(victim) == "precious\n");
@@ -170,7 +170,7 @@ TEST_CASE("a symbolic link planted in the state directory is never followed",
   // The state directory itself as a link.
   o.state_dir = t.path + "/c";
   REQUIRE(::symlink((t.path + "/a").c_str(), o.state_dir.c_str()) == 0);
-  auto r3 = actors::ensure_daemon(o);
+  auto r3 = sandbox::ensure_daemon(o);
   REQUIRE_FALSE(r3.has_value());
   CHECK_THAT(r3.error().message, Catch::Contains("symbolic link"));
 }
@@ -219,7 +219,7 @@ TEST_CASE("a client refuses a daemon that runs as another user and sends it noth
   char b;
   REQUIRE(::read(ready[0], &b, 1) == 1);
   ::close(ready[0]);
-  auto c = run(sandbox_client::connect(sock, wire::conn_mode::read_write, "tether_tests"));
+  auto c = run(sandbox::client::connect(sock, wire::conn_mode::read_write, "tether_tests"));
   REQUIRE_FALSE(c.has_value());
   CHECK_THAT(c.error().message, Catch::Contains("runs as uid 65534"));
   int st = 0;
@@ -231,11 +231,11 @@ TEST_CASE("a client refuses a daemon that runs as another user and sends it noth
 TEST_CASE("the daemon hangs up on a client that runs as another user", "[sandbox][security]") {
   if (!is_root()) return;
   tmp_dir t;
-  actors::daemon_options o;
+  sandbox::daemon_options o;
   o.state_dir = t.path + "/state";
   o.binary = sandboxd_binary();
   o.detach = false;
-  auto h = actors::ensure_daemon(o);
+  auto h = sandbox::ensure_daemon(o);
   REQUIRE(h.has_value());
   // Open the way to the socket, as a careless chmod would.
   REQUIRE(::chmod(t.path.c_str(), 0711) == 0);
@@ -262,7 +262,7 @@ TEST_CASE("the daemon hangs up on a client that runs as another user", "[sandbox
   REQUIRE(::waitpid(pid, &st, 0) == pid);
   REQUIRE(WIFEXITED(st));
   CHECK(WEXITSTATUS(st) == 0);  // connected, and got no answer at all
-  REQUIRE(actors::stop_daemon(*h).has_value());
+  REQUIRE(sandbox::stop_daemon(*h).has_value());
   CHECK_THAT(slurp(o.state_dir + "/daemon.log"), Catch::Contains("refused a connection"));
 }
 

@@ -126,7 +126,7 @@ std::string sandbox_daemon::log() const {
 }
 
 awaitable<client_ptr> connect(std::string socket, wire::conn_mode mode) {
-  auto c = co_await sandbox_client::connect(socket, mode, "tether_tests");
+  auto c = co_await sandbox::client::connect(socket, mode, "tether_tests");
   INFO("connect: " << (c ? std::string("ok") : c.error().message));
   REQUIRE(c.has_value());
   co_return std::move(*c);
@@ -142,7 +142,7 @@ wire::exec_req command(std::string cmd, std::string cwd,
   return r;
 }
 
-awaitable<protocol::shell_completion> run_to_end(sandbox_client& c, wire::exec_req r) {
+awaitable<protocol::shell_completion> run_to_end(sandbox::client& c, wire::exec_req r) {
   std::string what = r.command;
   auto s = co_await c.exec(std::move(r));
   INFO("exec '" << what << "': " << (s ? std::string("ok") : s.error().message));

@@ -9,14 +9,15 @@
 #include <vector>
 
 #include "support.hpp"
-#include "tether/actors/sandbox_client.hpp"
+#include "tether/sandbox/client.hpp"
+#include "tether/sandbox/daemon_process.hpp"
+#include "tether/sandbox/state_dir.hpp"
 
 namespace tether::test {
 
 namespace wire = protocol::sandbox;
-using actors::sandbox_client;
 using boost::asio::awaitable;
-using client_ptr = std::unique_ptr<sandbox_client>;
+using client_ptr = std::unique_ptr<sandbox::client>;
 
 inline std::string sandboxd_binary() {
   return std::string(TETHER_BIN_DIR) + "/tether-sandboxd";
@@ -24,7 +25,7 @@ inline std::string sandboxd_binary() {
 
 class sandbox_daemon {
  public:
-  explicit sandbox_daemon(const std::string& tag, actors::daemon_options o = {}) : dir_(tag) {
+  explicit sandbox_daemon(const std::string& tag, sandbox::daemon_options o = {}) : dir_(tag) {
     opts_ = std::move(o);
     opts_.state_dir = dir_.file("state");
     opts_.binary = sandboxd_binary();
@@ -34,7 +35,7 @@ class sandbox_daemon {
   ~sandbox_daemon() {
     if (h_.pid <= 0) return;
     if (paused_) resume();
-    auto r = actors::stop_daemon(h_);
+    auto r = sandbox::stop_daemon(h_);
     if (std::uncaught_exceptions() == 0) {
       INFO((r ? std::string() : r.error().message) << "; daemon.log:\n" << log());
       CHECK(r.has_value());  // a clean exit: no sanitizer report, no crash
@@ -42,14 +43,14 @@ class sandbox_daemon {
   }
 
   void start() {
-    auto r = actors::ensure_daemon(opts_);
+    auto r = sandbox::ensure_daemon(opts_);
     INFO("ensure_daemon: " << (r ? std::string("ok") : r.error().message));
     REQUIRE(r.has_value());
     REQUIRE(r->started);
     h_ = *r;
   }
   void stop() {
-    auto r = actors::stop_daemon(h_);
+    auto r = sandbox::stop_daemon(h_);
     INFO((r ? std::string() : r.error().message));
     REQUIRE(r.has_value());
     h_.pid = 0;
@@ -74,15 +75,15 @@ class sandbox_daemon {
   /// The daemon's log (its stderr), for failure messages.
   std::string log() const;
 
-  actors::daemon_options& options() { return opts_; }
-  const actors::daemon_handle& handle() const { return h_; }
+  sandbox::daemon_options& options() { return opts_; }
+  const sandbox::daemon_handle& handle() const { return h_; }
   const std::string& socket() const { return h_.socket_path; }
   const scratch_dir& dir() const { return dir_; }
 
  private:
   scratch_dir dir_;
-  actors::daemon_options opts_;
-  actors::daemon_handle h_;
+  sandbox::daemon_options opts_;
+  sandbox::daemon_handle h_;
   bool paused_ = false;
   std::shared_ptr<struct pause_guard> guard_;
 };
@@ -95,7 +96,7 @@ wire::exec_req command(std::string command, std::string cwd,
                        std::vector<std::pair<std::string, std::string>> extra_env = {});
 
 /// exec, then wait for the completion; REQUIREs both succeed.
-awaitable<protocol::shell_completion> run_to_end(sandbox_client& c, wire::exec_req r);
+awaitable<protocol::shell_completion> run_to_end(sandbox::client& c, wire::exec_req r);
 
 /// Moves a completed job's end `ms` further into the past in its record, as
 /// if it had ended that long ago (stop the daemon first; a start reads it).

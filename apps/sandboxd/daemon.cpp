@@ -22,9 +22,10 @@
 #include <iostream>
 #include <stdexcept>
 
-#include "tether/actors/sandbox_client.hpp"
 #include "tether/protocol/ids.hpp"
 #include "tether/runtime/crash_point.hpp"
+#include "tether/sandbox/framing.hpp"
+#include "tether/sandbox/state_dir.hpp"
 
 namespace tether::sandboxd {
 
@@ -84,8 +85,7 @@ class connection : public std::enable_shared_from_this<connection> {
     co_await wait_room();
     if (broken_) co_return;
     wire::reply r{id, std::move(body)};
-    std::string line = wire::encode(r);
-    line.push_back('\n');
+    std::string line = sandbox::frame(wire::encode(r)).value();  // JSON holds no raw newline
     queued_bytes_ += line.size();
     boost::system::error_code ok;
     co_await out_.async_send(ok, std::move(line), tuple_awaitable);
@@ -108,8 +108,9 @@ class connection : public std::enable_shared_from_this<connection> {
   }
 
   awaitable<void> read_loop(std::shared_ptr<connection> /*self: keeps us alive*/) {
-    std::string buf;
-    bool discarding = false;
+    // The wire's one framing (tether/sandbox/framing.hpp): a line over the
+    // limit is discarded with an error and the connection goes on.
+    sandbox::line_splitter lines(wire::k_max_line, "request line");
     boost::system::error_code nb;
     sock_.non_blocking(true, nb);
     for (;;) {
@@ -122,34 +123,19 @@ class connection : public std::enable_shared_from_this<connection> {
       std::size_t n = sock_.read_some(asio::buffer(chunk), ec);
       if (ec == asio::error::would_block || ec == asio::error::try_again) continue;
       if (ec) break;
-      buf.append(chunk.data(), n);
-      std::size_t start = 0;
+      lines.feed(std::string_view(chunk.data(), n));
       for (;;) {
-        auto nl = buf.find('\n', start);
-        if (nl == std::string::npos) break;
-        std::string line = buf.substr(start, nl - start);
-        start = nl + 1;
-        if (discarding) {
-          discarding = false;
-          continue;
-        }
-        if (!line.empty() && line.back() == '\r') line.pop_back();
-        if (line.find_first_not_of(" \t") == std::string::npos) continue;
-        if (line.size() > wire::k_max_line) {
-          co_await send(0, too_long());
+        auto line = lines.next();
+        if (!line) break;  // the rest waits for the next read
+        if (!*line) {
+          wire::error_rep e{"invalid", line->error().message};
+          co_await send(0, std::move(e));
           continue;
         }
         while (!broken_ && in_flight_ >= d_.config().max_in_flight) co_await wait_wake();
         if (broken_) co_return;
-        co_await handle_line(std::move(line));
+        co_await handle_line(std::move(**line));
         if (broken_) co_return;
-      }
-      buf.erase(0, start);
-      if (buf.empty() && buf.capacity() > (64u << 10)) std::string().swap(buf);
-      if (buf.size() > wire::k_max_line) {
-        if (!discarding) co_await send(0, too_long());
-        discarding = true;
-        buf.clear();
       }
     }
     close();
@@ -202,11 +188,6 @@ class connection : public std::enable_shared_from_this<connection> {
   static awaitable<void> throw_now(std::string type) {
     throw std::runtime_error("TETHER_SANDBOXD_THROW_ON=" + type + " (test hook)");
     co_return;
-  }
-
-  static wire::error_rep too_long() {
-    return {"invalid", "request line is longer than " + std::to_string(wire::k_max_line) +
-                           " bytes; it was discarded"};
   }
 
   static std::uint64_t peek_id(std::string_view line) {
@@ -364,7 +345,7 @@ void daemon::refuse_over_cap(asio::local::stream_protocol::socket& s) {
   wire::error_rep e{"refused", why +
                                    "; this connection is closed and nothing was done: close "
                                    "an idle connection or raise the limit"};
-  std::string line = wire::encode(wire::reply{0, std::move(e)}) + "\n";
+  std::string line = sandbox::frame(wire::encode(wire::reply{0, std::move(e)})).value();
   [[maybe_unused]] auto n =
       ::send(s.native_handle(), line.data(), line.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   boost::system::error_code ig;
@@ -507,7 +488,7 @@ awaitable<void> daemon::accept_loop() {
       fd_failed_accepts_ = 0;
     }
     // Only our own uid may drive jobs that run with our rights.
-    if (auto peer = actors::check_peer_uid(s.native_handle(), "a client"); !peer) {
+    if (auto peer = sandbox::check_peer_uid(s.native_handle(), "a client"); !peer) {
       log("refused a connection: " + peer.error().message);
       boost::system::error_code ig;
       s.close(ig);

@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/signal_set.hpp>
 #include <cerrno>
 #include <charconv>
@@ -18,8 +19,9 @@
 #include <string>
 
 #include "daemon.hpp"
-#include "tether/actors/sandbox_client.hpp"
 #include "tether/runtime/crash_point.hpp"
+#include "tether/sandbox/framing.hpp"
+#include "tether/sandbox/state_dir.hpp"
 
 namespace tether::sandboxd {
 
@@ -59,9 +61,12 @@ void raise_descriptor_limit(std::size_t max_connections) {
                  std::strerror(errno));
 }
 
-void say(int fd, const std::string& line) {
+// The readiness line (--ready-fd) is one line: a message that spans lines
+// (an error quoting a file, say) is joined with spaces before it is framed.
+void say(int fd, std::string line) {
   if (fd < 0) return;
-  std::string l = line + "\n";
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  std::string l = sandbox::frame(std::move(line)).value();
   [[maybe_unused]] auto n = ::write(fd, l.data(), l.size());
   ::close(fd);
 }
@@ -132,7 +137,7 @@ int daemon_main(int argc, char** argv) {
     return fail("--state-dir is required");
   }
   // Only our own uid may control the directory: it holds the socket and the job records.
-  if (auto r = actors::secure_state_dir(cfg.state_dir.string()); !r) {
+  if (auto r = sandbox::secure_state_dir(cfg.state_dir.string()); !r) {
     say(ready_fd, "error " + r.error().message);
     return fail(r.error().message);
   }

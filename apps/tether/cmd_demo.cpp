@@ -15,9 +15,9 @@
 
 #include "command.hpp"
 #include "tether/actors/host.hpp"
-#include "tether/actors/sandbox_client.hpp"
 #include "tether/persistence/receipt_store.hpp"
 #include "tether/runtime/sync_wait.hpp"
+#include "tether/sandbox/daemon_process.hpp"
 #include "tether/testing/scripted_agent.hpp"
 
 namespace tether::cli {
@@ -269,11 +269,11 @@ void jobs_part(const fs::path& root, int& failures) {
   std::cout << "\nOwned jobs: one turn launches three real commands into a sandbox daemon\n"
                "(a build that succeeds, a test run whose first stage fails, a job it cancels);\n"
                "the turn stays open until every receipt was steered into it.\n";
-  actors::daemon_options d;
+  sandbox::daemon_options d;
   d.state_dir = (root / "sandbox").string();
   d.binary = self_dir() + "/tether-sandboxd";
   d.detach = false;
-  auto daemon = actors::ensure_daemon(d);
+  auto daemon = sandbox::ensure_daemon(d);
   if (!daemon) {
     expect(false, "sandbox daemon started: " + daemon.error().message, failures);
     return;
@@ -303,7 +303,7 @@ void jobs_part(const fs::path& root, int& failures) {
   expect(after.jobs == 3 && after.terminal_receipts == 3 && after.undelivered == 0,
          "each job still has exactly one terminal receipt, none left pending", failures);
   expect(after.side_effects == 1, "no command ran twice (side-effect file)", failures);
-  if (auto r = actors::stop_daemon(*daemon); !r)
+  if (auto r = sandbox::stop_daemon(*daemon); !r)
     std::cout << "  stopping the sandbox daemon: " << r.error().message << "\n";
 }
 

@@ -16,8 +16,10 @@
 #include <filesystem>
 
 #include "command.hpp"
-#include "tether/actors/sandbox_client.hpp"
 #include "tether/runtime/sync_wait.hpp"
+#include "tether/sandbox/client.hpp"
+#include "tether/sandbox/daemon_process.hpp"
+#include "tether/sandbox/state_dir.hpp"
 
 namespace tether::cli {
 
@@ -58,10 +60,9 @@ std::string command_text(const args& a, std::size_t from) {
 }
 
 boost::asio::awaitable<result<protocol::shell_completion>> run_job(std::string socket,
-                                                                   actors::wire::exec_req req) {
-  auto c =
-      co_await actors::sandbox_client::connect(socket, actors::wire::conn_mode::read_write,
-                                               "tether run", actors::client_options::from_env());
+                                                                   sandbox::wire::exec_req req) {
+  auto c = co_await sandbox::client::connect(socket, sandbox::wire::conn_mode::read_write,
+                                             "tether run", sandbox::client_options::from_env());
   if (!c) co_return c.error();
   auto started = co_await (*c)->exec(std::move(req));
   if (!started) co_return started.error();
@@ -79,7 +80,7 @@ boost::asio::awaitable<result<protocol::shell_completion>> run_job(std::string s
 }
 
 int run(const args& a) {
-  actors::wire::exec_req req;
+  sandbox::wire::exec_req req;
   std::string state_dir;
   std::size_t i = 0;
   for (; i < a.size(); ++i) {
@@ -117,21 +118,21 @@ int run(const args& a) {
   std::error_code ec;
   req.cwd = std::filesystem::current_path(ec).string();
   if (ec) return run_usage("cannot read the current directory: " + ec.message());
-  req.env = actors::current_environment();
+  req.env = sandbox::current_environment();
 
   if (state_dir.empty()) {
-    auto dflt = actors::default_state_dir();
+    auto dflt = sandbox::default_state_dir();
     if (!dflt) {
       std::fprintf(stderr, "tether run: %s\n", dflt.error().message.c_str());
       return k_tether_failed;
     }
     state_dir = *dflt;
   }
-  actors::daemon_options o;
+  sandbox::daemon_options o;
   o.state_dir = state_dir;
   o.binary = (std::filesystem::path(self_dir()) / "tether-sandboxd").string();
   o.idle_exit = std::chrono::minutes(10);
-  auto d = actors::ensure_daemon(o);
+  auto d = sandbox::ensure_daemon(o);
   if (!d) {
     std::fprintf(stderr, "tether run: %s\n", d.error().message.c_str());
     return k_tether_failed;

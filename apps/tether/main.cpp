@@ -8,8 +8,8 @@
 #include <iostream>
 
 #include "command.hpp"
-#include "tether/actors/sandbox_client.hpp"
 #include "tether/runtime/crash_point.hpp"
+#include "tether/sandbox/daemon_process.hpp"
 
 namespace tether::cli {
 
@@ -27,7 +27,7 @@ const std::vector<command>& commands() {
 }
 
 std::string self_dir() {
-  return actors::self_dir();
+  return sandbox::self_dir();
 }
 
 static int usage(std::FILE* out) {

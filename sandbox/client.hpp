@@ -5,16 +5,17 @@
 // A client lives on one executor (single-threaded): call its coroutines from
 // that executor only. Requests may overlap; replies are matched by request id.
 //
-// Connecting never starts a daemon. ensure_daemon() does, and only it; a
-// recovering host connects with conn_mode::read_only, which cannot start
-// anything (the daemon refuses exec, kill and expire on such a connection).
+// Connecting never starts a daemon. ensure_daemon() (daemon_process.hpp)
+// does, and only it; a recovering host connects with conn_mode::read_only,
+// which cannot start anything (the daemon refuses exec, kill and expire on
+// such a connection). Replies are read with the wire's one framing
+// (framing.hpp), without a line limit: an attach chunk is longer than a
+// request may be.
 //
 // Late completions: the client keeps (bounded) the output it has received for
 // each job. If the daemon cleaned a job up before its status was read, wait()
 // and poll() answer with that output and exit code -1 (status unknown); with
 // no output either, they answer with an error, never with a success.
-#include <sys/types.h>
-
 #include <boost/asio/awaitable.hpp>
 #include <chrono>
 #include <functional>
@@ -30,62 +31,14 @@
 #include "tether/protocol/sandbox_wire.hpp"
 #include "tether/runtime/error.hpp"
 
-namespace tether::actors {
+namespace tether::sandbox {
 
 namespace wire = protocol::sandbox;
 using boost::asio::awaitable;
 using protocol::job_id;
 
-// ---- starting a daemon ---------------------------------------------------------------
-
-struct daemon_options {
-  std::string state_dir;
-  std::string binary;      // empty: tether-sandboxd next to the running executable
-  std::string sandbox_id;  // empty: minted on first start
-  bool replace = false;    // bump the generation (fails if a daemon is running)
-  std::optional<std::chrono::milliseconds> grace, kill_wait, idle_exit;
-  std::optional<std::size_t> retain_bytes;
-  std::optional<std::size_t> max_connections, max_in_flight;  // --max-connections, --max-in-flight
-  bool detach = true;    // setsid + double fork, so it outlives us; false: our child (tests)
-  std::string log_file;  // default: <state_dir>/daemon.log
-};
-
-struct daemon_handle {
-  std::string socket_path;
-  pid_t pid = 0;         // the daemon's pid (0 if unknown)
-  bool started = false;  // false: one was already serving the directory
-  bool child = false;    // true when started with detach=false: reap it with stop_daemon()
-};
-
-/// Makes sure a daemon serves `o.state_dir`: connects if one answers, else
-/// starts one and waits for its readiness line (no polling). Blocking; call
-/// it before the executors run or from a helper thread.
-result<daemon_handle> ensure_daemon(const daemon_options& o);
-
-/// SIGTERM to the daemon, then waits for it to exit (waitpid or pidfd). For
-/// our own child, an exit other than status 0 is an error.
-result<void> stop_daemon(const daemon_handle& h);
-
-std::string socket_path_for(const std::string& state_dir);
-/// $TETHER_SANDBOX_DIR, else $HOME/.tether/sandbox, else $XDG_RUNTIME_DIR/tether-sandbox;
-/// with none of them set, an error saying what to set (never a shared directory like /tmp).
-result<std::string> default_state_dir();
-
-/// Makes `dir` a state directory only the effective uid controls: creates it
-/// 0700 if missing; refuses a symbolic link, a directory owned by another uid,
-/// or one writable by group or others; tightens an owned 0755 one to 0700.
-result<void> secure_state_dir(const std::string& dir);
-
-/// The uid at the other end of a connected Unix socket (SO_PEERCRED) must be
-/// our effective uid; `who` names the peer in the error ("the sandbox daemon at …").
-result<void> check_peer_uid(int fd, const std::string& who);
-/// The directory of the running executable (/proc/self/exe).
-std::string self_dir();
-
 /// The caller's environment as exec wants it.
 std::vector<std::pair<std::string, std::string>> current_environment();
-
-// ---- the client -------------------------------------------------------------------------
 
 /// How long a client waits on a silent daemon. While any request of a
 /// connection waits (hello, exec, a follow, a kill), the daemon must be heard
@@ -102,18 +55,19 @@ struct client_options {
   static client_options from_env();
 };
 
-class sandbox_client {
+class client {
  public:
   struct state;  // the connection, shared with its reader coroutine
 
   /// Connects and says hello (within `opts.deadline`). Never starts a daemon.
-  static awaitable<result<std::unique_ptr<sandbox_client>>> connect(
-      std::string socket_path, wire::conn_mode mode, std::string client_name = "tether",
-      client_options opts = {});
+  static awaitable<result<std::unique_ptr<client>>> connect(std::string socket_path,
+                                                            wire::conn_mode mode,
+                                                            std::string client_name = "tether",
+                                                            client_options opts = {});
 
-  ~sandbox_client();
-  sandbox_client(const sandbox_client&) = delete;
-  sandbox_client& operator=(const sandbox_client&) = delete;
+  ~client();
+  client(const client&) = delete;
+  client& operator=(const client&) = delete;
 
   const wire::hello_rep& hello() const { return hello_; }
 
@@ -167,7 +121,7 @@ class sandbox_client {
     std::string preview;  // scrubbed, when this client launched the job
     std::int64_t tail_lines = 40, tail_bytes = 4096;
   };
-  explicit sandbox_client(std::shared_ptr<state> s) : s_(std::move(s)) {}
+  explicit client(std::shared_ptr<state> s) : s_(std::move(s)) {}
   awaitable<result<attach_result>> attach_impl(job_id job, std::uint64_t offset, bool follow);
   result<protocol::shell_completion> cleaned_up(const job_id& job, const error& e);
   void keep(const job_id& job, const wire::output_rep& o);
@@ -178,4 +132,4 @@ class sandbox_client {
   std::size_t largest_buffer_ = 0;
 };
 
-}  // namespace tether::actors
+}  // namespace tether::sandbox
