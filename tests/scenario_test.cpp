@@ -315,3 +315,25 @@ TEST_CASE("an order-free inbox check fails when two texts can only match one row
         std::string::npos);
   CHECK(r.output.find("| [1] <subagent") != std::string::npos);  // the bodies it found
 }
+
+TEST_CASE("a job step by a session whose turn has moved on is refused as not found", "[scenario]") {
+  test::scratch_dir dir("scenario-notowner");
+  auto f = write_file(dir, "notowner.scn",
+                      "sandbox\n"
+                      "session s \"S\"\n"
+                      "on s 1: job \"echo once\" as j; say \"launched\"\n"
+                      "prompt s \"go\"\n"
+                      "wait jobs\n"
+                      "expect job j state completed\n"
+                      "prompt s \"a second turn\"\n"
+                      "wait quiescent\n"
+                      "job j status\n"
+                      "expect job j state completed\n");
+  auto r = run_tether({"scenario", f, "--dir", dir.file("run"), "--timeout", "30"});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("  ok    line 6: expect job j state completed") != std::string::npos);
+  CHECK(r.output.find("  FAIL  line 9: job j status — job 'job_") != std::string::npos);
+  CHECK(r.output.find("' not found") != std::string::npos);
+  CHECK(r.output.find("line 10") == std::string::npos);  // a failed step ends the scenario
+}
