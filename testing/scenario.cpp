@@ -21,6 +21,8 @@
 #include <sstream>
 
 #include "tether/actors/host.hpp"
+#include "tether/actors/sandbox_client.hpp"
+#include "tether/protocol/notice.hpp"
 #include "tether/runtime/crash_point.hpp"
 #include "tether/testing/scripted_agent.hpp"
 
@@ -215,8 +217,9 @@ const std::vector<const char*>& boot_fields() {
 }
 
 result<action> parse_action(line_reader& r) {
-  auto verb = r.keyword("an action", {"say", "fail", "raise", "shell", "spawn", "wake-self",
-                                      "wait-until-interrupted", "interrupt"});
+  auto verb = r.keyword(
+      "an action", {"say", "fail", "raise", "shell", "spawn", "wake-self", "wait-until-interrupted",
+                    "interrupt", "job", "job-status", "job-wait", "job-cancel", "fork"});
   if (!verb) return verb.error();
   action a;
   using k = action::kind;
@@ -265,6 +268,37 @@ result<action> parse_action(line_reader& r) {
     }
   } else if (*verb == "wait-until-interrupted") {
     a.what = k::wait_cancel;
+  } else if (*verb == "job") {
+    a.what = k::job;
+    auto c = r.text("the job's command");
+    if (!c) return c.error();
+    if (c->empty()) return r.fail("the job's command is empty");
+    a.text = *c;
+    if (r.at("as")) {
+      r.skip();
+      auto n = r.name("the job's name");
+      if (!n) return n.error();
+      if (n->size() > 64) return r.fail("the job name '" + *n + "' is longer than 64 characters");
+      a.target = *n;
+    }
+  } else if (*verb == "job-status" || *verb == "job-wait" || *verb == "job-cancel") {
+    a.what = *verb == "job-status" ? k::job_status
+             : *verb == "job-wait" ? k::job_wait
+                                   : k::job_cancel;
+    auto n = r.name("the job's name");
+    if (!n) return n.error();
+    a.target = *n;
+  } else if (*verb == "fork") {
+    a.what = k::fork;
+    auto c = r.name("the new session's name");
+    if (!c) return c.error();
+    a.target = *c;
+    auto d = r.text("the fork's description");
+    if (!d) return d.error();
+    a.description = *d;
+    auto p = r.text("the fork's prompt");
+    if (!p) return p.error();
+    a.text = *p;
   } else {
     a.what = k::interrupt;
     auto t = r.name("the session to interrupt");
@@ -278,7 +312,7 @@ result<expectation> parse_expect(line_reader& r) {
   expectation e;
   using k = expectation::kind;
   auto subject = r.keyword("an expectation subject",
-                           {"inbox", "transcript", "jobs", "inline", "session", "boot"});
+                           {"inbox", "transcript", "jobs", "job", "inline", "session", "boot"});
   if (!subject) return subject.error();
   r.set_step("expect " + *subject);
   if (*subject == "inbox") {
@@ -293,13 +327,50 @@ result<expectation> parse_expect(line_reader& r) {
       e.number = *n;
       return e;
     }
+    if (r.at("any") || r.at("none")) {
+      e.what = r.at("any") ? k::inbox_any : k::inbox_none;
+      r.skip();
+      auto op = r.keyword("a text check", {"contains", "equals"});
+      if (!op) return op.error();
+      e.op = *op == "contains" ? expectation::text_op::contains : expectation::text_op::equals;
+      auto t = r.text("the text to compare");
+      if (!t) return t.error();
+      e.text = *t;
+      return e;
+    }
+    if (r.at("unordered")) {
+      r.skip();
+      e.what = k::inbox_unordered;
+      auto op = r.keyword("a text check", {"contains"});
+      if (!op) return op.error();
+      do {
+        auto t = r.text("a text to find");
+        if (!t) return t.error();
+        e.texts.push_back(*t);
+      } while (!r.done());
+      return e;
+    }
     auto pos = r.position("the inbox row");
     if (!pos) return pos.error();
     e.position = *pos;
-    auto check =
-        r.keyword("an inbox check", {"contains", "lacks", "equals", "acked", "pending", "from"});
+    auto check = r.keyword("an inbox check",
+                           {"contains", "lacks", "equals", "acked", "pending", "from", "id"});
     if (!check) return check.error();
-    if (*check == "acked" || *check == "pending") {
+    if (*check == "id") {
+      e.what = k::inbox_id;
+      auto how = r.keyword("an id check", {"prefix", "equals", "job"});
+      if (!how) return how.error();
+      e.text = *how;
+      if (*how == "job") {
+        auto j = r.name("the job's name");
+        if (!j) return j.error();
+        e.job = *j;
+      } else {
+        auto t = r.text(*how == "prefix" ? "the id's prefix" : "the id");
+        if (!t) return t.error();
+        e.texts.push_back(*t);
+      }
+    } else if (*check == "acked" || *check == "pending") {
       e.what = k::inbox_state;
       e.text = *check;
     } else if (*check == "from") {
@@ -322,7 +393,7 @@ result<expectation> parse_expect(line_reader& r) {
     auto s = r.name("the session name");
     if (!s) return s.error();
     e.session = *s;
-    auto what = r.keyword("a transcript check", {"reports", "answers", "answer"});
+    auto what = r.keyword("a transcript check", {"reports", "answers", "answer", "notices"});
     if (!what) return what.error();
     if (*what == "answer") {
       e.what = k::transcript_answer;
@@ -334,7 +405,9 @@ result<expectation> parse_expect(line_reader& r) {
       e.text = *t;
       return e;
     }
-    e.what = *what == "reports" ? k::transcript_reports : k::transcript_answers;
+    e.what = *what == "reports"   ? k::transcript_reports
+             : *what == "notices" ? k::transcript_notices
+                                  : k::transcript_answers;
     auto n = r.number("the " + *what + " count", 0, 1000000);
     if (!n) return n.error();
     e.number = *n;
@@ -364,6 +437,83 @@ result<expectation> parse_expect(line_reader& r) {
     e.number = *n;
     return e;
   }
+  if (*subject == "job") {
+    auto j = r.name("the job's name");
+    if (!j) return j.error();
+    e.job = *j;
+    auto what = r.keyword("a job check", {"state", "exit", "failing-stage", "stage", "receipts",
+                                          "receipt", "notice"});
+    if (!what) return what.error();
+    if (*what == "state") {
+      e.what = k::job_state;
+      auto v = r.keyword("a job state",
+                         {"admitted", "running", "completed", "failed", "cancelled", "lost"});
+      if (!v) return v.error();
+      e.text = *v;
+    } else if (*what == "exit") {
+      e.what = k::job_exit;
+      auto n = r.number("the exit code", -1, 255);
+      if (!n) return n.error();
+      e.number = *n;
+    } else if (*what == "failing-stage") {
+      e.what = k::job_failing_stage;
+      if (r.at("none")) {
+        r.skip();
+        e.number = 0;
+      } else {
+        auto n = r.number("the failing stage (from 1, or none)", 1, 1000);
+        if (!n) return n.error();
+        e.number = *n;
+      }
+    } else if (*what == "stage") {
+      auto n = r.number("the stage (from 1)", 1, 1000);
+      if (!n) return n.error();
+      e.stage = static_cast<int>(*n);
+      auto c = r.keyword("a stage check", {"exit", "signal"});
+      if (!c) return c.error();
+      if (*c == "exit") {
+        e.what = k::job_stage_exit;
+        auto x = r.number("the stage's exit code", 0, 255);
+        if (!x) return x.error();
+        e.number = *x;
+      } else {
+        e.what = k::job_stage_signal;
+        if (r.done()) return r.missing("a signal (SIGKILL, or its number)");
+        auto w = r.peek();
+        if (!w.quoted && w.text.rfind("SIG", 0) == 0) {
+          int sig = 0;
+          for (int i = 1; i < 65 && !sig; ++i)
+            if (protocol::signal_name(i) == w.text) sig = i;
+          if (!sig) return r.fail("'" + w.text + "' is not a signal name (SIGKILL, SIGTERM, ...)");
+          r.skip();
+          e.number = sig;
+        } else {
+          auto x = r.number("the signal (SIGKILL, or its number)", 1, 64);
+          if (!x) return x.error();
+          e.number = *x;
+        }
+      }
+    } else if (*what == "receipts") {
+      e.what = k::job_receipts;
+      auto n = r.number("the receipt count", 0, 100);
+      if (!n) return n.error();
+      e.number = *n;
+    } else if (*what == "receipt") {
+      e.what = k::job_receipt;
+      auto v = r.keyword("a receipt state", {"pending", "acked", "read", "dropped", "none"});
+      if (!v) return v.error();
+      e.text = *v;
+    } else {
+      e.what = k::job_notice;
+      auto op = text_op(r);
+      if (!op) return op.error();
+      e.op = *op;
+      auto t = r.text("the text to compare");
+      if (!t) return t.error();
+      e.text = *t;
+    }
+    return e;
+  }
   if (*subject == "inline") {
     if (r.at("count")) {
       r.skip();
@@ -390,9 +540,20 @@ result<expectation> parse_expect(line_reader& r) {
     if (!s) return s.error();
     e.session = *s;
     auto what = r.keyword("a session check", {"idle", "busy", "claimed", "unclaimed", "notify",
-                                              "outcome", "policy", "resumes"});
+                                              "outcome", "policy", "resumes", "parent"});
     if (!what) return what.error();
-    if (*what == "notify") {
+    if (*what == "parent") {
+      e.what = k::session_parent;
+      if (r.at("none")) {
+        r.skip();
+        e.text = "none";
+      } else {
+        auto p = r.name("the parent session (or none)");
+        if (!p) return p.error();
+        e.parent = *p;
+        e.text = *p;
+      }
+    } else if (*what == "notify") {
       e.what = k::session_notify;
       auto v = r.keyword("a notify setting", {"on", "off", "default"});
       if (!v) return v.error();
@@ -456,18 +617,57 @@ result<void> parse_crash_point(line_reader& r, step& st) {
   return {};
 }
 
+// The gates a job's command runs (`gate NAME` as a word pair, as a `shell`
+// action does), so that `shell NAME exits` can release them.
+std::vector<std::string> job_gates(const std::string& command) {
+  std::vector<std::string> words, out;
+  std::string w;
+  for (char c : command) {
+    if (std::isspace(static_cast<unsigned char>(c)) || std::strchr(";|&()`'\"", c)) {
+      if (!w.empty()) words.push_back(std::move(w));
+      w.clear();
+    } else {
+      w += c;
+    }
+  }
+  if (!w.empty()) words.push_back(std::move(w));
+  for (std::size_t i = 0; i + 1 < words.size(); ++i)
+    if (words[i] == "gate" && is_name(words[i + 1])) out.push_back(words[i + 1]);
+  return out;
+}
+
 // Checks that every name refers to something the script creates.
 result<void> check_names(script& s) {
-  std::set<std::string> sessions, gates;
+  std::set<std::string> sessions, gates, jobs;
+  auto where = [&](int line) { return s.file + ":" + std::to_string(line) + ": "; };
   for (auto& st : s.steps)
     if (st.what == step::kind::session) sessions.insert(st.name);
   for (auto& t : s.turns)
     for (auto& a : t.actions) {
-      if (a.what == action::kind::spawn) sessions.insert(a.target);
+      if (a.what == action::kind::spawn || a.what == action::kind::fork) sessions.insert(a.target);
       if (a.what == action::kind::shell) gates.insert(a.text);
+      if (a.what == action::kind::job) {
+        if (!s.sandbox)
+          return error{errc::invalid, where(t.line) +
+                                          "on: a job needs a sandbox (add a `sandbox` line to "
+                                          "the file)"};
+        for (auto& g : job_gates(a.text)) gates.insert(g);
+        if (!a.target.empty() && !jobs.insert(a.target).second)
+          return error{errc::invalid, where(t.line) + "on: a job named '" + a.target +
+                                          "' is launched twice (each job name once a file)"};
+      }
     }
   s.gates.assign(gates.begin(), gates.end());
-  auto where = [&](int line) { return s.file + ":" + std::to_string(line) + ": "; };
+  auto known_job = [&](int line, const std::string& n) -> result<void> {
+    if (n.empty() || jobs.count(n)) return {};
+    return error{errc::invalid, where(line) + "no turn launches a job named '" + n +
+                                    "' (add `job \"COMMAND\" as " + n + "` to a turn)"};
+  };
+  for (auto& t : s.turns)
+    for (auto& a : t.actions)
+      if (a.what == action::kind::job_status || a.what == action::kind::job_wait ||
+          a.what == action::kind::job_cancel)
+        if (auto r = known_job(t.line, a.target); !r) return r;
   auto known = [&](int line, const std::string& n) -> result<void> {
     if (n.empty() || sessions.count(n)) return {};
     return error{errc::invalid, where(line) + "session '" + n + "' is never created (no 'session " +
@@ -491,11 +691,14 @@ result<void> check_names(script& s) {
     if (st.what == step::kind::shell_exit && !gates.count(st.name))
       return error{errc::invalid, where(st.line) + "no turn starts a shell on gate '" + st.name +
                                       "' (add `shell " + st.name + "` to a turn)"};
+    if (st.what == step::kind::job_read)
+      if (auto r = known_job(st.line, st.name); !r) return r;
     if (st.what != step::kind::shell_exit && st.what != step::kind::session &&
-        st.what != step::kind::crash)
+        st.what != step::kind::crash && st.what != step::kind::job_read)
       if (auto r = known(st.line, st.name); !r) return r;
     if (st.what == step::kind::expect) {
       auto& e = st.expect;
+      if (auto r = known_job(st.line, e.job); !r) return r;
       for (auto* n : {&e.session, &e.parent, &e.child})
         if (auto r = known(st.line, *n); !r) return r;
       if (e.what == expectation::kind::inbox_from)
@@ -583,6 +786,34 @@ result<script> parse(const std::string& text, const std::string& file) {
       continue;
     }
 
+    if (verb == "sandbox") {
+      if (s.sandbox) return r.fail("the sandbox is given already (one `sandbox` line a file)");
+      if (auto e = r.end(); !e) return e.error();
+      s.sandbox = true;
+      continue;
+    }
+    if (verb == "env") {
+      if (r.done()) return r.missing("the variable's name");
+      auto w = r.peek();
+      bool ok = !w.quoted && !w.text.empty() &&
+                !std::isdigit(static_cast<unsigned char>(w.text[0])) &&
+                std::all_of(w.text.begin(), w.text.end(),
+                            [](unsigned char c) { return std::isalnum(c) || c == '_'; });
+      if (!ok)
+        return r.fail("expected an environment variable name (letters, digits, _), found " +
+                      show(w));
+      r.skip();
+      if (w.text == "PATH")
+        return r.fail("PATH is the runner's (it puts the gate script first); set another name");
+      if (std::any_of(s.env.begin(), s.env.end(), [&](auto& kv) { return kv.first == w.text; }))
+        return r.fail("'" + w.text + "' is set already");
+      auto v = r.text("the variable's value");
+      if (!v) return v.error();
+      if (auto e = r.end(); !e) return e.error();
+      s.env.emplace_back(w.text, *v);
+      continue;
+    }
+
     step st;
     st.line = n;
     {
@@ -641,10 +872,11 @@ result<script> parse(const std::string& text, const std::string& file) {
         st.text = *o;
       }
     } else if (verb == "wait") {
-      auto what = r.keyword("a wait", {"quiescent", "shells", "idle", "parked", "turn"});
+      auto what = r.keyword("a wait", {"quiescent", "shells", "idle", "parked", "turn", "jobs"});
       if (!what) return what.error();
       st.what = *what == "quiescent" ? k::wait_quiescent
                 : *what == "shells"  ? k::wait_shells
+                : *what == "jobs"    ? k::wait_jobs
                 : *what == "idle"    ? k::wait_idle
                 : *what == "parked"  ? k::wait_parked
                                      : k::wait_turn;
@@ -658,6 +890,14 @@ result<script> parse(const std::string& text, const std::string& file) {
         if (!o) return o.error();
         st.code = static_cast<int>(*o);
       }
+    } else if (verb == "job") {
+      st.what = k::job_read;
+      auto nm = r.name("the job's name");
+      if (!nm) return nm.error();
+      st.name = *nm;
+      auto v = r.keyword("a job call", {"status", "wait", "cancel"});
+      if (!v) return v.error();
+      st.text = *v;
     } else if (verb == "crash") {
       st.what = k::crash;
       auto at = r.keyword("the word", {"at"});
@@ -674,8 +914,8 @@ result<script> parse(const std::string& text, const std::string& file) {
     } else {
       return error{errc::invalid, where + "'" + verb +
                                       "' is not a step (expected session, on, prompt, steer, "
-                                      "wake, interrupt, revert, background, shell, wait, crash, "
-                                      "restart, expect)"};
+                                      "wake, interrupt, revert, background, shell, job, wait, "
+                                      "crash, restart, expect, sandbox, env)"};
     }
     if (auto e = r.end(); !e) return e.error();
     s.steps.push_back(std::move(st));
@@ -728,6 +968,21 @@ script_action to_script_action(const action& a) {
     case action::kind::interrupt:
       s.what = k::interrupt;
       break;
+    case action::kind::job:
+      s.what = k::job;
+      break;
+    case action::kind::job_status:
+      s.what = k::job_status;
+      break;
+    case action::kind::job_wait:
+      s.what = k::job_wait;
+      break;
+    case action::kind::job_cancel:
+      s.what = k::job_cancel;
+      break;
+    case action::kind::fork:
+      s.what = k::fork;
+      break;
   }
   s.text = a.what == action::kind::shell ? "gate " + a.text : a.text;
   s.child = a.target;
@@ -768,6 +1023,13 @@ awaitable<bool> quiescent(host* h, bool shells) {
   co_return true;
 }
 
+// No job is live and no receipt is being handed over; then nothing runs.
+awaitable<bool> jobs_quiet(host* h) {
+  co_await h->jobs().wait_idle();
+  co_await h->wait_quiescent(true);
+  co_return true;
+}
+
 class runner {
  public:
   runner(const script& s, run_options o)
@@ -786,6 +1048,7 @@ class runner {
       (void)host_.release();  // wedged: shutting it down could hang; the process exit ends it
     else
       close_host();
+    stop_sandbox();
     for (int fd : gate_fds_) ::close(fd);
   }
 
@@ -805,6 +1068,7 @@ class runner {
       if (!exec(st)) break;
     }
     if (!res_.stuck) close_host();
+    stop_sandbox();
     out_ << s_.file << ": " << (res_.passed + res_.failed) << " expectation(s), " << res_.failed
          << " failed\n";
     if (res_.failed) {
@@ -860,7 +1124,44 @@ class runner {
     const char* path = std::getenv("PATH");
     std::string cur = path ? path : "";
     if (cur.rfind(bin + ":", 0) != 0) ::setenv("PATH", (bin + ":" + cur).c_str(), 1);
+    // `env` lines: the host's environment is every command's (a launch
+    // passes none of its own), and the sandbox scrubs their secret values.
+    for (auto& [name, value] : s_.env) ::setenv(name.c_str(), value.c_str(), 1);
+    if (s_.sandbox) {
+      fs::create_directories(dir_ / "work", ec);
+      if (ec) return fail_setup("cannot create " + (dir_ / "work").string() + ": " + ec.message());
+      // Only the process that owns the gates starts the daemon (as its own
+      // child); a crash segment's host connects to it.
+      if (own_gates && !start_sandbox()) return false;
+    }
     return true;
+  }
+
+  std::string sandbox_dir() const { return (dir_ / "sandbox").string(); }
+
+  // A real tether-sandboxd in DIR/sandbox, unisolated, as our child (the
+  // tests' way): found next to the running executable.
+  bool start_sandbox() {
+    daemon_options o;
+    o.state_dir = sandbox_dir();
+    o.detach = false;
+    auto d = ensure_daemon(o);
+    if (!d) return fail_setup("cannot start the sandbox daemon: " + d.error().message);
+    daemon_ = *d;
+    if (o_.verbose) out_ << "  ..    sandbox: tether-sandboxd pid " << daemon_->pid << "\n";
+    return true;
+  }
+
+  void stop_sandbox() {
+    if (!daemon_) return;
+    auto d = *daemon_;
+    daemon_.reset();
+    if (!d.child || d.pid <= 0) return;
+    if (res_.stuck) {
+      ::kill(d.pid, SIGKILL);  // a wedged host may hold its connections: do not wait on it
+      return;
+    }
+    if (auto r = stop_daemon(d); !r) out_ << "  note  sandbox: " << r.error().message << "\n";
   }
 
   bool fail_setup(const std::string& why) {
@@ -872,6 +1173,11 @@ class runner {
     host_options ho;
     ho.db_path = (dir_ / "tether.db").string();
     ho.agents = agents_;
+    if (s_.sandbox) {
+      ho.jobs.sandbox_dir = sandbox_dir();
+      ho.jobs.start_daemon = false;  // started by prepare()
+      ho.jobs.cwd = (dir_ / "work").string();
+    }
     ho.log = [this](const std::string& w) {
       std::lock_guard lk(log_m_);
       out_ << "  note  " << w << "\n";
@@ -980,12 +1286,35 @@ class runner {
           return false;
         }
         return true;
+      case k::wait_jobs: {
+        auto r = wait_for(jobs_quiet(host_.get()));
+        return r ? true : timed_out(st);
+      }
+      case k::job_read:
+        return job_call(st);
       case k::expect:
         expect(st);
         return true;
       case k::crash:
         return step_failed(st, "a crash step inside a crash segment");
     }
+    return true;
+  }
+
+  // `job NAME status|wait|cancel`: the call its owner's tools make, in the
+  // scope of the owner session's current (or last) turn.
+  bool job_call(const step& st) {
+    auto j = agents_->job(st.name);
+    if (!j) return step_failed(st, "no job named '" + st.name + "' was launched (yet)");
+    auto scope = host_->scope_of(j->owner);
+    if (!scope) return step_failed(st, scope.error().message);
+    auto& q = host_->jobs();
+    auto r = st.text == "status" ? wait_for(q.status(*scope, j->id))
+             : st.text == "wait" ? wait_for(q.wait(*scope, j->id))
+                                 : wait_for(q.cancel(*scope, j->id));
+    if (!check(st, r)) return false;
+    if (o_.verbose)
+      say("..    ", st, "job " + j->id.str() + " is " + std::string(to_string((**r).state)));
     return true;
   }
 
@@ -1075,9 +1404,48 @@ class runner {
       return false;
     };
     switch (e.what) {
+      case k::inbox_any:
+      case k::inbox_none:
+      case k::inbox_unordered: {
+        auto rows = store.inbox(sid);
+        if (!rows) return failed_read(rows.error());
+        got = bodies(*rows);
+        if (e.what == k::inbox_unordered) return matches_all(*rows, e.texts);
+        bool some = std::any_of(rows->begin(), rows->end(),
+                                [&](auto& row) { return compare(e.op, row.body, e.text); });
+        return e.what == k::inbox_any ? some : !some;
+      }
+      case k::transcript_notices: {
+        auto msgs = store.messages(sid);
+        if (!msgs) return failed_read(msgs.error());
+        long n =
+            std::count_if(msgs->begin(), msgs->end(), [](auto& m) { return m.kind == "notice"; });
+        return number_is(e.number, n, got);
+      }
+      case k::session_parent: {
+        auto row = store.session(sid);
+        if (!row) return failed_read(row.error());
+        if (!*row) {
+          got = "session '" + e.session + "' does not exist";
+          return false;
+        }
+        std::string have = (*row)->parent ? (*row)->parent->str() : "none";
+        got = "its parent is " + have;
+        return have == e.text;
+      }
+      case k::job_state:
+      case k::job_exit:
+      case k::job_failing_stage:
+      case k::job_stage_exit:
+      case k::job_stage_signal:
+      case k::job_receipts:
+      case k::job_receipt:
+      case k::job_notice:
+        return evaluate_job(e, got);
       case k::inbox_count:
       case k::inbox_text:
       case k::inbox_state:
+      case k::inbox_id:
       case k::inbox_from: {
         auto rows = store.inbox(sid);
         if (!rows) return failed_read(rows.error());
@@ -1091,6 +1459,23 @@ class runner {
         if (e.what == k::inbox_from) {
           got = "it is from " + (row->from ? row->from->str() : std::string("no session"));
           return row->from && row->from->str() == e.text;
+        }
+        if (e.what == k::inbox_id) {
+          const auto id = row->nid.str();
+          got = "its id is " + id;
+          if (e.text == "prefix") return id.rfind(e.texts.at(0), 0) == 0;
+          if (e.text == "equals") return id == e.texts.at(0);
+          auto j = named(e.job, got);
+          if (!j) return false;
+          auto job = host_->receipts().job(j->id);
+          if (!job) return failed_read(job.error());
+          if (!*job || !persistence::is_terminal((*job)->state)) {
+            got += "; job " + e.job + " has no terminal receipt yet";
+            return false;
+          }
+          auto want = protocol::make_event_id(j->id, persistence::transition_of((*job)->state));
+          got += "; job " + e.job + "'s terminal receipt is " + want.str();
+          return id == want.str();
         }
         got = "the body is:\n" + indent(row->body);
         return compare(e.op, row->body, e.text);
@@ -1193,6 +1578,116 @@ class runner {
     return false;
   }
 
+  static std::string bodies(const std::vector<persistence::inbox_row>& rows) {
+    if (rows.empty()) return "the inbox is empty";
+    std::string out = "the bodies are:";
+    int n = 0;
+    for (auto& r : rows) out += "\n" + indent("[" + std::to_string(++n) + "] " + r.body);
+    return out;
+  }
+
+  // Each text in a row of its own, whatever the order: a matching of texts
+  // to rows (augmenting paths; inboxes here are small).
+  static bool matches_all(const std::vector<persistence::inbox_row>& rows,
+                          const std::vector<std::string>& texts) {
+    std::vector<int> row_of_text(texts.size(), -1), text_of_row(rows.size(), -1);
+    std::function<bool(std::size_t, std::vector<bool>&)> place = [&](std::size_t t,
+                                                                     std::vector<bool>& seen) {
+      for (std::size_t r = 0; r < rows.size(); ++r) {
+        if (seen[r] || rows[r].body.find(texts[t]) == std::string::npos) continue;
+        seen[r] = true;
+        if (text_of_row[r] < 0 || place(static_cast<std::size_t>(text_of_row[r]), seen)) {
+          text_of_row[r] = static_cast<int>(t);
+          row_of_text[t] = static_cast<int>(r);
+          return true;
+        }
+      }
+      return false;
+    };
+    for (std::size_t t = 0; t < texts.size(); ++t) {
+      std::vector<bool> seen(rows.size(), false);
+      if (!place(t, seen)) return false;
+    }
+    return true;
+  }
+
+  std::optional<scripted_agents::named_job> named(const std::string& name, std::string& got) {
+    auto j = agents_->job(name);
+    if (!j) got = "no job named '" + name + "' was launched (yet)";
+    return j;
+  }
+
+  bool evaluate_job(const expectation& e, std::string& got) {
+    using k = expectation::kind;
+    auto j = named(e.job, got);
+    if (!j) return false;
+    auto& receipts = host_->receipts();
+    auto row = receipts.job(j->id);
+    if (!row || !*row) {
+      got = row ? "job " + j->id.str() + " has no row" : "cannot read: " + row.error().message;
+      return false;
+    }
+    const auto& job = **row;
+    const std::string state(persistence::to_string(job.state));
+    if (e.what == k::job_state) {
+      got = "it is " + state;
+      return state == e.text;
+    }
+    if (e.what == k::job_receipts) {
+      auto rs = receipts.receipts_of(j->id);
+      if (!rs) return failed(got, rs.error());
+      got = "got " + std::to_string(rs->size()) + ":";
+      for (auto& r : *rs)
+        got += " " + r.id.str() + " (" + std::string(persistence::to_string(r.state)) + ")";
+      return static_cast<long>(rs->size()) == e.number;
+    }
+    if (!persistence::is_terminal(job.state)) {
+      got = "job " + e.job + " is " + state + ", not terminal yet";
+      return false;
+    }
+    if (e.what == k::job_receipt || e.what == k::job_notice) {
+      auto rid = protocol::make_event_id(j->id, persistence::transition_of(job.state));
+      auto r = receipts.receipt_by_id(rid);
+      if (!r) return failed(got, r.error());
+      if (e.what == k::job_receipt) {
+        std::string have = *r ? std::string(persistence::to_string((**r).state)) : "none";
+        got = rid.str() + " is " + have;
+        return have == e.text;
+      }
+      if (!*r) {
+        got = "job " + e.job + " has no " + rid.str() + " receipt";
+        return false;
+      }
+      got = "the notice is:\n" + indent((**r).body);
+      return compare(e.op, (**r).body, e.text);
+    }
+    if (!job.completion) {
+      got = "job " + e.job + " (" + state + ") has no completion";
+      return false;
+    }
+    const auto& st = job.completion->status;
+    if (e.what == k::job_exit) return number_is(e.number, st.exit_code, got);
+    if (e.what == k::job_failing_stage) {
+      long have = st.failing_stage < 0 ? 0 : st.failing_stage + 1;
+      got = have == 0 ? "no stage failed" : "stage " + std::to_string(have) + " failed";
+      return have == e.number;
+    }
+    if (e.stage < 1 || static_cast<std::size_t>(e.stage) > st.stages.size()) {
+      got = "the job has " + std::to_string(st.stages.size()) + " stage status(es)";
+      return false;
+    }
+    const auto& stage = st.stages[static_cast<std::size_t>(e.stage) - 1];
+    if (e.what == k::job_stage_exit) return number_is(e.number, stage.code, got);
+    got = stage.signal ? "it was killed by " + protocol::signal_name(stage.signal)
+                       : "no signal ended it (exit " + std::to_string(stage.code) + ")";
+    return stage.signal == e.number;
+  }
+
+  static bool failed(std::string& got, const error& err) {
+    got = "cannot read: " + err.message;
+    return false;
+  }
+
   const script& s_;
   run_options o_;
   std::ostream& out_;
@@ -1202,6 +1697,7 @@ class runner {
   boot_report boot_;
   fs::path dir_;
   std::vector<int> gate_fds_;
+  std::optional<daemon_handle> daemon_;
   run_result res_;
 };
 

@@ -14,6 +14,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tether/runtime/error.hpp"
@@ -22,10 +23,24 @@ namespace tether::testing::scenario {
 
 /// One scripted action inside an `on NAME N:` turn (see script_action).
 struct action {
-  enum class kind { say, fail, raise, shell, spawn, wake_self, wait_cancel, interrupt };
+  enum class kind {
+    say,
+    fail,
+    raise,
+    shell,
+    spawn,
+    wake_self,
+    wait_cancel,
+    interrupt,
+    job,         // job "COMMAND" [as NAME]
+    job_status,  // job-status NAME
+    job_wait,    // job-wait NAME
+    job_cancel,  // job-cancel NAME
+    fork,        // fork NEW "DESCRIPTION" "PROMPT"
+  };
   kind what = kind::say;
-  std::string text;         // say/fail/raise text, shell gate, spawn prompt
-  std::string target;       // spawn child, interrupt target
+  std::string text;         // say/fail/raise text, shell gate, spawn/fork prompt, job command
+  std::string target;       // spawn/fork child, interrupt target, job name
   std::string description;  // spawn
   std::string agent = "general";
   std::optional<bool> notify;  // spawn: nullopt = default
@@ -59,6 +74,20 @@ struct expectation {
     session_policy,      // expect session S policy withhold|report_now
     session_resumes,     // expect session S resumes N
     boot_field,          // expect boot FIELD N
+    inbox_any,           // expect inbox S any contains|equals "T"
+    inbox_none,          // expect inbox S none contains|equals "T"
+    inbox_unordered,     // expect inbox S unordered contains "T" ["T"]...
+    inbox_id,            // expect inbox S POS id prefix|equals "T" / id job NAME
+    transcript_notices,  // expect transcript S notices N
+    session_parent,      // expect session S parent P|none
+    job_state,           // expect job NAME state admitted|running|completed|failed|...
+    job_exit,            // expect job NAME exit N
+    job_failing_stage,   // expect job NAME failing-stage K|none (number 0 = none)
+    job_stage_exit,      // expect job NAME stage K exit N
+    job_stage_signal,    // expect job NAME stage K signal SIG
+    job_receipts,        // expect job NAME receipts N
+    job_receipt,         // expect job NAME receipt pending|acked|read|dropped|none
+    job_notice,          // expect job NAME notice contains|lacks|equals "T"
   };
   enum class text_op { contains, lacks, equals };
   kind what = kind::inbox_count;
@@ -69,6 +98,9 @@ struct expectation {
   long number = 0;
   // jobs filters (empty = any)
   std::string status, job_kind, mode, parent, child;
+  std::string job;                 // expect job NAME, inbox S POS id job NAME
+  int stage = 0;                   // expect job NAME stage K (1-based)
+  std::vector<std::string> texts;  // inbox unordered
 };
 
 struct step {
@@ -86,6 +118,8 @@ struct step {
     wait_idle,       // wait idle NAME
     wait_parked,     // wait parked NAME
     wait_turn,       // wait turn NAME N
+    job_read,        // job NAME status|wait|cancel
+    wait_jobs,       // wait jobs
     crash,           // crash at POINT[:N]
     restart,         // restart
     expect,          // expect ...
@@ -93,8 +127,8 @@ struct step {
   kind what = kind::session;
   int line = 0;
   std::string source;  // the line as written, for output
-  std::string name;    // session or gate
-  std::string text;    // prompt text, description, shell output, crash point
+  std::string name;    // session, gate or job
+  std::string text;    // prompt text, description, shell output, crash point, job verb
   int code = 0;        // shell exit code; wait turn: the input ordinal
   bool flag = false;   // revert: staged
   expectation expect;
@@ -104,7 +138,12 @@ struct script {
   std::string file;
   std::vector<turn> turns;
   std::vector<step> steps;
-  std::vector<std::string> gates;  // every gate a `shell` action uses
+  std::vector<std::string> gates;  // every gate a `shell` action (or a job command) uses
+  /// `sandbox`: the host runs owned jobs in a real local tether-sandboxd.
+  bool sandbox = false;
+  /// `env NAME "VALUE"`: set in the host's (so every command's) environment
+  /// before the sandbox and the host start.
+  std::vector<std::pair<std::string, std::string>> env;
 };
 
 /// Parses scenario text. A malformed file is an errc::invalid error whose

@@ -48,6 +48,52 @@ class scripted_agent : public agent {
         owner_.note(id_.str() + " starts shell " + *r + ": " + a.text);
         break;
       }
+      case k::fork: {
+        spawn_request req;
+        req.description = a.description;
+        req.prompt = a.text;
+        req.agent = a.agent;
+        req.fork = true;
+        req.child = session_id(a.child);
+        auto r = co_await ctx.spawn_background(std::move(req));
+        if (!r) throw error_exception(r.error());
+        owner_.note(id_.str() + " forks " + r->str() + ": " + a.description);
+        break;
+      }
+      case k::job: {
+        launch_request req;
+        req.command = a.text;
+        req.channel = "tool";
+        // Named: the name is the idempotency key, so a turn replayed after a
+        // crash gets the same job back.
+        if (!a.child.empty()) req.key = a.child;
+        auto r = co_await ctx.launch_job(std::move(req));
+        if (!r) throw error_exception(r.error());
+        if (!a.child.empty()) owner_.note_job(a.child, {*r, id_});
+        owner_.note(id_.str() + " launches job " + r->str() +
+                    (a.child.empty() ? "" : " (" + a.child + ")") + ": " + a.text);
+        break;
+      }
+      case k::job_status:
+      case k::job_wait:
+      case k::job_cancel: {
+        auto j = owner_.job(a.child);
+        if (!j) throw std::runtime_error("no job named '" + a.child + "' was launched");
+        result<job_view> r = error{errc::invalid, "no job action"};
+        if (a.what == k::job_status)
+          r = co_await ctx.job_status(j->id);
+        else if (a.what == k::job_wait)
+          r = co_await ctx.wait_job(j->id);
+        else
+          r = co_await ctx.cancel_job(j->id);
+        if (!r) throw error_exception(r.error());
+        const char* verb = a.what == k::job_status ? " reads the status of job "
+                           : a.what == k::job_wait ? " waits for job "
+                                                   : " cancels job ";
+        owner_.note(id_.str() + verb + a.child + ": " +
+                    std::string(persistence::to_string(r->state)));
+        break;
+      }
       case k::spawn: {
         spawn_request req;
         req.description = a.description;
@@ -97,6 +143,18 @@ class scripted_agent : public agent {
 };
 
 }  // namespace
+
+void scripted_agents::note_job(const std::string& name, named_job j) {
+  std::lock_guard lk(m_);
+  jobs_.insert_or_assign(name, std::move(j));
+}
+
+std::optional<scripted_agents::named_job> scripted_agents::job(const std::string& name) const {
+  std::lock_guard lk(m_);
+  auto it = jobs_.find(name);
+  if (it == jobs_.end()) return std::nullopt;
+  return it->second;
+}
 
 void scripted_agents::on_input(const session_id& s, int ordinal, script_turn t) {
   std::lock_guard lk(m_);

@@ -28,6 +28,12 @@ struct script_action {
     wake_self,    // count: this many self-wakes in a row
     wait_cancel,  // blocks until the drain is cancelled (an interrupt)
     interrupt,    // child: cancels that child (agent_context::cancel_child)
+    job,          // text: a command launched as a background job owned by this turn;
+                  // child: the name the job is known by (empty: none)
+    job_status,   // child: the name of a job this turn launched; reads its status
+    job_wait,     // child: the same; waits until it is terminal (a read)
+    job_cancel,   // child: the same; confirmed kill (a read)
+    fork,         // child, description, text (prompt): a new session with no parent
   };
   kind what = kind::say;
   std::string text;
@@ -57,6 +63,14 @@ class scripted_agents : public agent_factory {
   void note_inline(std::string r);
   std::optional<script_turn> turn(const session_id& s, int ordinal) const;
 
+  /// A job a turn launched under a name (`job ... as NAME`), and its owner.
+  struct named_job {
+    job_id id;
+    session_id owner;
+  };
+  void note_job(const std::string& name, named_job j);
+  std::optional<named_job> job(const std::string& name) const;
+
   /// Blocks a plain (non-executor) thread until `s` is suspended in a
   /// wait_cancel action; false if `timeout` passed first.
   bool wait_parked(const session_id& s, std::chrono::milliseconds timeout) const;
@@ -74,6 +88,7 @@ class scripted_agents : public agent_factory {
   std::map<std::pair<std::string, int>, script_turn> turns_;
   std::vector<std::string> log_;
   std::vector<std::string> inline_;
+  std::map<std::string, named_job> jobs_;
 };
 
 }  // namespace tether::testing

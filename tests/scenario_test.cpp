@@ -166,6 +166,60 @@ TEST_CASE("parse errors name the line and the field or word that was wrong", "[s
       {"expect transcript parent answer is \"x\"\n", 4,
        "expect transcript: 'is' is not a text check (expected contains, lacks, equals)"},
   };
+  // Sandboxes and owned jobs, fork, ids and order-free checks.
+  const std::string sbx = "sandbox\non child 2: job \"gate g; echo x\" as j\n";
+  std::vector<bad> more = {
+      {"sandbox\nsandbox\n", 5, "sandbox: the sandbox is given already"},
+      {"sandbox extra\n", 4, "sandbox: unexpected 'extra' after the end of the step"},
+      {"env 9LIVES \"x\"\n", 4,
+       "env: expected an environment variable name (letters, digits, _), found '9LIVES'"},
+      {"env TOKEN\n", 4, "env: missing the variable's value (a \"quoted string\")"},
+      {"env TOKEN secret\n", 4,
+       "env: expected the variable's value (a \"quoted string\"), found 'secret'"},
+      {"env PATH \"/x\"\n", 4, "env: PATH is the runner's"},
+      {"env A \"1\"\nenv A \"2\"\n", 5, "env: 'A' is set already"},
+      {"on child 2: job \"true\"\n", 4, "on: a job needs a sandbox (add a `sandbox` line"},
+      {"sandbox\non child 2: job true\n", 5,
+       "on: expected the job's command (a \"quoted string\"), found 'true'"},
+      {"sandbox\non child 2: job \"\"\n", 5, "on: the job's command is empty"},
+      {"sandbox\non child 2: job \"true\" as\n", 5, "on: missing the job's name"},
+      {"sandbox\non child 2: job \"true\" as a; job \"true\" as a\n", 5,
+       "on: a job named 'a' is launched twice"},
+      {"on child 2: job-wait nope\n", 4, "no turn launches a job named 'nope'"},
+      {"on child 2: job-cancel \"j\"\n", 4, "on: expected the job's name"},
+      {"on child 2: fork alt \"A\"\n", 4, "on: missing the fork's prompt"},
+      {"on child 2: fork \"alt\" \"A\" \"go\"\n", 4, "on: expected the new session's name"},
+      {sbx + "job j stop\n", 6, "job: 'stop' is not a job call (expected status, wait, cancel)"},
+      {sbx + "job k status\n", 6, "no turn launches a job named 'k'"},
+      {"wait job\n", 4, "wait: 'job' is not a wait"},
+      {sbx + "expect job j state done\n", 6, "expect job: 'done' is not a job state"},
+      {sbx + "expect job j stage 0 exit 1\n", 6,
+       "expect job: the stage (from 1) '0' is not a whole number from 1"},
+      {sbx + "expect job j stage 1 signal SIGNOPE\n", 6,
+       "expect job: 'SIGNOPE' is not a signal name"},
+      {sbx + "expect job j stage 1 status 1\n", 6, "expect job: 'status' is not a stage check"},
+      {sbx + "expect job j failing-stage first\n", 6,
+       "expect job: the failing stage (from 1, or none) 'first' is not a whole number"},
+      {sbx + "expect job j receipt lost\n", 6, "expect job: 'lost' is not a receipt state"},
+      {sbx + "expect job j notice has \"x\"\n", 6, "expect job: 'has' is not a text check"},
+      {sbx + "expect job j exit 256\n", 6, "expect job: the exit code '256'"},
+      {"expect job k state failed\n", 4, "no turn launches a job named 'k'"},
+      {"expect inbox parent any lacks \"x\"\n", 4,
+       "expect inbox: 'lacks' is not a text check (expected contains, equals)"},
+      {"expect inbox parent unordered contains\n", 4,
+       "expect inbox: missing a text to find (a \"quoted string\")"},
+      {"expect inbox parent unordered contains \"a\" b\n", 4,
+       "expect inbox: expected a text to find (a \"quoted string\"), found 'b'"},
+      {"expect inbox parent 1 id like \"x\"\n", 4,
+       "expect inbox: 'like' is not an id check (expected prefix, equals, job)"},
+      {"expect inbox parent 1 id prefix msg_\n", 4,
+       "expect inbox: expected the id's prefix (a \"quoted string\"), found 'msg_'"},
+      {"expect inbox parent 1 id job k\n", 4, "no turn launches a job named 'k'"},
+      {"expect transcript parent notices some\n", 4,
+       "expect transcript: the notices count 'some' is not a whole number"},
+      {"expect session child parent ghost\n", 4, "session 'ghost' is never created"},
+  };
+  cases.insert(cases.end(), more.begin(), more.end());
   for (auto& c : cases) {
     INFO(c.text);
     auto s = scn::parse(k_ok_prefix + c.text, "t.scn");
@@ -199,4 +253,87 @@ TEST_CASE("a well-formed scenario parses into turns, steps and gates", "[scenari
   CHECK(s->steps[3].expect.status == "running");
   CHECK(s->steps[3].expect.child == "child");
   CHECK(s->steps[4].expect.position == -1);
+}
+
+TEST_CASE("a sandbox scenario parses its environment, jobs, job calls and job checks",
+          "[scenario]") {
+  auto s = scn::parse(std::string(k_ok_prefix) +
+                          "env API_TOKEN \"abc123456\"\n"
+                          "on child 2: job \"gate hold; false | cat\" as j; job-wait j; "
+                          "fork alt \"Alt\" \"go\"\n"
+                          "sandbox\n"
+                          "job j cancel\n"
+                          "wait jobs\n"
+                          "shell hold exits\n"
+                          "expect job j stage 2 signal SIGTERM\n"
+                          "expect inbox parent unordered contains \"a\" \"b\"\n"
+                          "expect inbox parent last id job j\n"
+                          "expect session alt parent none\n",
+                      "sbx.scn");
+  REQUIRE(s);
+  CHECK(s->sandbox);
+  REQUIRE(s->env.size() == 1);
+  CHECK(s->env[0] == std::make_pair(std::string("API_TOKEN"), std::string("abc123456")));
+  REQUIRE(s->turns.size() == 3);
+  auto& acts = s->turns[2].actions;
+  REQUIRE(acts.size() == 3);
+  CHECK(acts[0].what == scn::action::kind::job);
+  CHECK(acts[0].text == "gate hold; false | cat");
+  CHECK(acts[0].target == "j");
+  CHECK(acts[1].what == scn::action::kind::job_wait);
+  CHECK(acts[2].what == scn::action::kind::fork);
+  CHECK(s->gates == std::vector<std::string>{"hold"});  // a job command's gate counts
+  REQUIRE(s->steps.size() == 8);                        // the prefix's session step first
+  CHECK(s->steps[1].what == scn::step::kind::job_read);
+  CHECK(s->steps[1].text == "cancel");
+  CHECK(s->steps[2].what == scn::step::kind::wait_jobs);
+  CHECK(s->steps[4].expect.what == scn::expectation::kind::job_stage_signal);
+  CHECK(s->steps[4].expect.stage == 2);
+  CHECK(s->steps[4].expect.number == 15);
+  CHECK(s->steps[5].expect.texts == std::vector<std::string>{"a", "b"});
+  CHECK(s->steps[6].expect.job == "j");
+  CHECK(s->steps[7].expect.text == "none");
+}
+
+TEST_CASE("an order-free inbox check fails when two texts can only match one row", "[scenario]") {
+  test::scratch_dir dir("scenario-unordered");
+  auto f = write_file(dir, "unordered.scn",
+                      std::string(k_ok_prefix) +
+                          "prompt parent \"go\"\n"
+                          "wait quiescent\n"
+                          "expect inbox parent any contains \"done\"\n"
+                          "expect inbox parent unordered contains \"done\" \"done\"\n"
+                          "expect inbox parent none contains \"done\"\n");
+  auto r = run_tether({"scenario", f, "--dir", dir.file("run")});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("  ok    line 6: expect inbox parent any contains \"done\"") !=
+        std::string::npos);
+  CHECK(r.output.find("  FAIL  line 7: expect inbox parent unordered contains") !=
+        std::string::npos);
+  CHECK(r.output.find("  FAIL  line 8: expect inbox parent none contains \"done\"") !=
+        std::string::npos);
+  CHECK(r.output.find("| [1] <subagent") != std::string::npos);  // the bodies it found
+}
+
+TEST_CASE("a job step by a session whose turn has moved on is refused as not found", "[scenario]") {
+  test::scratch_dir dir("scenario-notowner");
+  auto f = write_file(dir, "notowner.scn",
+                      "sandbox\n"
+                      "session s \"S\"\n"
+                      "on s 1: job \"echo once\" as j; say \"launched\"\n"
+                      "prompt s \"go\"\n"
+                      "wait jobs\n"
+                      "expect job j state completed\n"
+                      "prompt s \"a second turn\"\n"
+                      "wait quiescent\n"
+                      "job j status\n"
+                      "expect job j state completed\n");
+  auto r = run_tether({"scenario", f, "--dir", dir.file("run"), "--timeout", "30"});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("  ok    line 6: expect job j state completed") != std::string::npos);
+  CHECK(r.output.find("  FAIL  line 9: job j status — job 'job_") != std::string::npos);
+  CHECK(r.output.find("' not found") != std::string::npos);
+  CHECK(r.output.find("line 10") == std::string::npos);  // a failed step ends the scenario
 }
