@@ -21,7 +21,7 @@
 #include <sstream>
 
 #include "tether/actors/host.hpp"
-#include "tether/actors/sandbox_client.hpp"
+#include "tether/sandbox/daemon_process.hpp"
 #include "tether/protocol/notice.hpp"
 #include "tether/runtime/crash_point.hpp"
 #include "tether/testing/scripted_agent.hpp"
@@ -1142,10 +1142,10 @@ class runner {
   // A real tether-sandboxd in DIR/sandbox, unisolated, as our child (the
   // tests' way): found next to the running executable.
   bool start_sandbox() {
-    daemon_options o;
+    sandbox::daemon_options o;
     o.state_dir = sandbox_dir();
     o.detach = false;
-    auto d = ensure_daemon(o);
+    auto d = sandbox::ensure_daemon(o);
     if (!d) return fail_setup("cannot start the sandbox daemon: " + d.error().message);
     daemon_ = *d;
     if (o_.verbose) out_ << "  ..    sandbox: tether-sandboxd pid " << daemon_->pid << "\n";
@@ -1161,7 +1161,7 @@ class runner {
       ::kill(d.pid, SIGKILL);  // a wedged host may hold its connections: do not wait on it
       return;
     }
-    if (auto r = stop_daemon(d); !r) out_ << "  note  sandbox: " << r.error().message << "\n";
+    if (auto r = sandbox::stop_daemon(d); !r) out_ << "  note  sandbox: " << r.error().message << "\n";
   }
 
   bool fail_setup(const std::string& why) {
@@ -1697,7 +1697,7 @@ class runner {
   boot_report boot_;
   fs::path dir_;
   std::vector<int> gate_fds_;
-  std::optional<daemon_handle> daemon_;
+  std::optional<sandbox::daemon_handle> daemon_;
   run_result res_;
 };
 
