@@ -77,11 +77,11 @@ class agent_context {
   /// Cancels a child's run (the caller cancelled its job): the child settles
   /// "cancelled" and reports that once. A session that is not this one's
   /// child is "not found", as one that does not exist.
-  virtual result<void> cancel_child(const session_id& child) = 0;
-  /// The durable transcript of this session.
-  virtual result<std::vector<message_row>> transcript() = 0;
+  virtual awaitable<result<void>> cancel_child(session_id child) = 0;
+  /// The durable transcript of this session (read off the actor's executor).
+  virtual awaitable<result<std::vector<message_row>>> transcript() = 0;
   /// How many user messages this session had up to `seq` (1-based ordinal).
-  virtual result<std::int64_t> input_ordinal(std::int64_t seq) = 0;
+  virtual awaitable<result<std::int64_t>> input_ordinal(std::int64_t seq) = 0;
 };
 
 class agent {

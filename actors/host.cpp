@@ -108,7 +108,25 @@ result<std::shared_ptr<session>> host::get(const session_id& s) {
     auto it = sessions_.find(s);
     if (it != sessions_.end()) return it->second;
   }
-  auto row = store_->session(s);
+  return adopt(s, store_->session(s));
+}
+
+awaitable<result<std::shared_ptr<session>>> host::load(session_id s) {
+  {
+    std::lock_guard lk(m_);
+    if (closed_)
+      co_return error{errc::stopped, "host is shutting down; session '" + s.str() + "' not loaded"};
+    auto it = sessions_.find(s);
+    if (it != sessions_.end()) co_return it->second;
+  }
+  auto& store = *store_;
+  auto read = [&store, s] { return store.session(s); };
+  auto row = co_await store.offload(std::move(read));
+  co_return adopt(s, std::move(row));
+}
+
+result<std::shared_ptr<session>> host::adopt(const session_id& s,
+                                             result<std::optional<persistence::session_row>> row) {
   if (!row) return row.error();
   if (!*row) return error{errc::not_found, "session '" + s.str() + "' does not exist"};
   std::lock_guard lk(m_);
@@ -221,7 +239,7 @@ awaitable<result<session_id>> host::create_session(std::string description,
 }
 
 awaitable<result<std::int64_t>> host::prompt(session_id s, std::string text, bool steer) {
-  auto sess = get(s);
+  auto sess = co_await load(s);
   if (!sess) co_return sess.error();
   session_msg::input in{steer ? "steer" : "prompt", std::move(text), {}};
   co_return co_await (*sess)->ask(std::move(in));
@@ -236,21 +254,21 @@ void host::interrupt(const session_id& s) {
 }
 
 awaitable<result<void>> host::stage_revert(session_id s, bool staged) {
-  auto sess = get(s);
+  auto sess = co_await load(s);
   if (!sess) co_return sess.error();
   session_msg::set_revert m{staged, {}};
   co_return co_await (*sess)->ask(std::move(m));
 }
 
 awaitable<result<notification_id>> host::background(session_id child) {
-  auto sess = get(child);
+  auto sess = co_await load(child);
   if (!sess) co_return sess.error();
   session_msg::to_background m;
   co_return co_await (*sess)->ask(std::move(m));
 }
 
 awaitable<result<void>> host::wait_idle(session_id s) {
-  auto sess = get(s);
+  auto sess = co_await load(s);
   if (!sess) co_return sess.error();
   session_msg::wait_idle m;
   co_return co_await (*sess)->ask(std::move(m));
@@ -265,7 +283,7 @@ awaitable<result<void>> host::deliver(session_id parent,
   } guard{this};
   std::vector<notification_id> nids;
   for (auto& i : items) nids.push_back(i.nid);
-  auto p = get(parent);
+  auto p = co_await load(parent);
   if (!p && p.error().code == errc::not_found) {
     // Deleted parent: nobody is owed these reports any more.
     warn("parent " + parent.str() + " is gone; " + std::to_string(nids.size()) +
@@ -341,7 +359,7 @@ awaitable<void> host::finish_shell(shell_info s, std::string notice) {
     warn("shell " + s.id + ": its notice was not written: " + r.error().message);
   } else {
     TETHER_CRASH_POINT("shell.after_finish");
-    if (auto o = get(s.owner)) wake(**o, wake_scope::input, true);
+    if (auto o = co_await load(s.owner)) wake(**o, wake_scope::input, true);
   }
   activity(-1, true);
 }
@@ -353,6 +371,10 @@ awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
   // admit before the next starts, and the parent's mailbox and the writer's
   // queue keep that order, so the inbox order is the outbox order.
   constexpr std::size_t k_chunk = 512;
+  // The parent's actor is loaded first (its row read off this executor), so
+  // no chunk's deliver suspends before its admit is sent: the admits leave in
+  // chunk order. A parent that is gone is handled by each deliver.
+  (void)co_await load(parent);
   auto ex = co_await asio::this_coro::executor;
   std::size_t chunks = (rows.size() + k_chunk - 1) / k_chunk;
   auto left = std::make_shared<std::atomic<std::size_t>>(chunks);
@@ -460,11 +482,14 @@ awaitable<result<boot_report>> host::boot() {
   if (!recovered) co_return recovered.error();
   rep.jobs = std::move(*recovered);
   TETHER_CRASH_POINT("boot.recover.after_jobs");
-  auto sessions = store_->sessions();
+  auto& store = *store_;
+  auto read_sessions = [&store] { return store.sessions(); };
+  auto sessions = co_await store.offload(read_sessions);
   if (!sessions)
     co_return error{sessions.error().code, "refusing to boot: " + sessions.error().message};
   // Running tasks and owed reports; delivered tasks are history.
-  auto jobs = store_->outstanding_jobs();
+  auto read_jobs = [&store] { return store.outstanding_jobs(); };
+  auto jobs = co_await store.offload(std::move(read_jobs));
   if (!jobs) co_return error{jobs.error().code, "refusing to boot: " + jobs.error().message};
   // Children whose claimed period was woken by their inbox: resumed below,
   // never released (releasing would drop the report their settle owes).
@@ -538,7 +563,8 @@ awaitable<result<boot_report>> host::boot() {
     b.description = row.description;
     if (*attempts > opts_.resume_budget) {
       // Out of resumes: the job reports an error instead of running again.
-      if (!get(*row.child)) continue;
+      auto loaded = co_await load(*row.child);
+      if (!loaded) continue;
       persistence::settle_request req;
       req.child = *row.child;
       req.outcome = protocol::report_state::error;
@@ -565,7 +591,7 @@ awaitable<result<boot_report>> host::boot() {
       continue;
     }
     children_with_jobs.insert(*row.child);
-    auto child = get(*row.child);
+    auto child = co_await load(*row.child);
     if (child) {
       session_msg::bind_job bind{std::move(b)};
       (*child)->tell(std::move(bind));
@@ -588,10 +614,11 @@ awaitable<result<boot_report>> host::boot() {
 
   // Phases 2 and 3: resume suspended sessions, top-level first. A session
   // with reports waiting in its inbox is woken too.
-  auto refreshed = store_->sessions();
+  auto refreshed = co_await store.offload(read_sessions);
   if (!refreshed)
     co_return error{refreshed.error().code, "refusing to boot: " + refreshed.error().message};
-  auto pending_inbox = store_->sessions_with_pending_inbox();
+  auto read_pending = [&store] { return store.sessions_with_pending_inbox(); };
+  auto pending_inbox = co_await store.offload(std::move(read_pending));
   if (!pending_inbox)
     co_return error{pending_inbox.error().code,
                     "refusing to boot: " + pending_inbox.error().message};
@@ -623,7 +650,7 @@ awaitable<result<boot_report>> host::boot() {
       // A running job row whose busy period never began (the crash came
       // between registering it and the child's start) is resumed as well.
       if (!suspended && !owes_job && !(pending && !s.revert_staged)) continue;
-      auto sess = get(s.id);
+      auto sess = co_await load(s.id);
       if (!sess) continue;
       wake(**sess, wake_scope::input, false);
       TETHER_CRASH_POINT("boot.wake.after_tell");

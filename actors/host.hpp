@@ -137,7 +137,11 @@ class host {
   run_observer* observer() const { return opts_.observer.get(); }
 
   // --- used by sessions ---
+  /// The session's actor, loaded from its row on first use. get() reads that
+  /// row on the calling thread; a coroutine on an executor co_awaits load(),
+  /// which reads it off the executor.
   result<std::shared_ptr<session>> get(const session_id& s);
+  awaitable<result<std::shared_ptr<session>>> load(session_id s);
   /// admit → complete → wake, shared by the live settle and boot.
   awaitable<result<void>> deliver(session_id parent, std::vector<persistence::report_item> items);
   /// Shells and subagents still running under `s` (its own shells included).
@@ -156,6 +160,10 @@ class host {
   void warn(const std::string& w);
 
  private:
+  /// The actor for a session row read by get() or load(): the one already
+  /// loaded, or a new one.
+  result<std::shared_ptr<session>> adopt(const session_id& s,
+                                         result<std::optional<persistence::session_row>> row);
   explicit host(host_options opts);
   void shell_exited(const shell_info& s, const std::string& notice);
   awaitable<void> finish_shell(shell_info s, std::string notice);

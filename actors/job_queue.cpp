@@ -308,7 +308,8 @@ awaitable<result<void>> job_queue::open_route_once() {
   }
   {
     // The platform route must reach the generation recovery proved, if any.
-    auto bound = store_.bound_generation(hello.sandbox);
+    auto read_bound = [this, sb = hello.sandbox] { return store_.bound_generation(sb); };
+    auto bound = co_await store_.offload(std::move(read_bound));
     if (!bound) co_return bound.error();
     if (*bound && **bound > hello.generation)
       co_return error{errc::refused,
@@ -345,22 +346,24 @@ awaitable<result<void>> job_queue::open_route_once() {
 
 // ---- ownership ---------------------------------------------------------------------------
 
-result<owned_job> job_queue::owned(const owner_scope& caller, const job_id& job) {
-  auto j = store_.job(job);
-  if (!j) return j.error();
-  if (!*j || !caller.owns((*j)->scope)) return not_found(job);
-  return std::move(**j);
+awaitable<result<owned_job>> job_queue::owned(owner_scope caller, job_id job) {
+  auto read = [this, job] { return store_.job(job); };
+  auto j = co_await store_.offload(std::move(read));
+  if (!j) co_return j.error();
+  if (!*j || !caller.owns((*j)->scope)) co_return not_found(job);
+  co_return std::move(**j);
 }
 
-result<job_view> job_queue::view_of(const owned_job& j) {
+awaitable<result<job_view>> job_queue::view_of(owned_job j) {
   job_view v{j.id, j.state, j.completion, {}};
   if (persistence::is_terminal(j.state)) {
-    auto r =
-        store_.receipt_by_id(protocol::make_event_id(j.id, persistence::transition_of(j.state)));
-    if (!r) return r.error();
+    auto rid = protocol::make_event_id(j.id, persistence::transition_of(j.state));
+    auto read = [this, rid] { return store_.receipt_by_id(rid); };
+    auto r = co_await store_.offload(std::move(read));
+    if (!r) co_return r.error();
     if (*r) v.notice = (**r).body;
   }
-  return v;
+  co_return v;
 }
 
 // ---- launch ------------------------------------------------------------------------------
@@ -377,7 +380,9 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
     co_return error{errc::invalid,
                     "launch: the caller's scope needs a tenant, a thread and a turn; "
                     "nothing was started"};
-  auto row = host_.store().session(caller.thread);
+  auto& sessions = host_.store();
+  auto read_owner = [&sessions, thread = caller.thread] { return sessions.session(thread); };
+  auto row = co_await sessions.offload(std::move(read_owner));
   if (!row) co_return row.error();
   if (!*row || (*row)->tenant != caller.tenant)
     co_return error{errc::not_found,
@@ -407,7 +412,8 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
                                          "' must be 1-64 of [A-Za-z0-9_.-]; nothing was started"};
     j.id = job_id("job_" + caller.turn.str() + "_" + *req.key);
     // A replayed launch: the turn already owns this job.
-    auto existing = store_.job(j.id);
+    auto read = [this, id = j.id] { return store_.job(id); };
+    auto existing = co_await store_.offload(std::move(read));
     if (!existing) co_return existing.error();
     if (*existing) {
       if (!caller.owns((*existing)->scope))
@@ -720,10 +726,11 @@ awaitable<result<bool>> job_queue::deliver(receipt r, bool wake_after) {
     ~done_guard() { q->busy(-1); }
   } guard{this};
   // Recheck: still pending (a status read or an earlier delivery may have settled it).
-  auto now = store_.receipt_by_id(r.id);
+  auto read = [this, id = r.id] { return store_.receipt_by_id(id); };
+  auto now = co_await store_.offload(std::move(read));
   if (!now) co_return now.error();
   if (!*now || (*now)->state != receipt_state::pending) co_return false;
-  auto s = host_.get(r.scope.thread);
+  auto s = co_await host_.load(r.scope.thread);
   if (!s && s.error().code != errc::not_found) co_return s.error();
   if (!s || (*s)->row().tenant != r.scope.tenant) {
     host_.warn("receipt " + r.id.str() + ": its owner session '" + r.scope.thread.str() +
@@ -799,7 +806,7 @@ awaitable<result<job_view>> job_queue::wait(owner_scope caller, job_id job) {
 awaitable<result<job_view>> job_queue::status_on(owner_scope caller, job_id job) {
   if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was read"};
   gate_guard gate{this};
-  auto j = owned(caller, job);
+  auto j = co_await owned(caller, job);
   if (!j) co_return j.error();
   if (persistence::is_terminal(j->state)) {
     // Read: it is not delivered again.
@@ -807,7 +814,7 @@ awaitable<result<job_view>> job_queue::status_on(owner_scope caller, job_id job)
     auto read = co_await store_.mark_read(rid);
     if (!read) co_return read.error();
   }
-  co_return view_of(*j);
+  co_return co_await view_of(std::move(*j));
 }
 
 awaitable<result<job_view>> job_queue::cancel(owner_scope caller, job_id job) {
@@ -818,7 +825,7 @@ awaitable<result<job_view>> job_queue::cancel(owner_scope caller, job_id job) {
 awaitable<result<job_view>> job_queue::cancel_on(owner_scope caller, job_id job, bool read) {
   if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was cancelled"};
   gate_guard gate{this};
-  auto j = owned(caller, job);
+  auto j = co_await owned(caller, job);
   if (!j) co_return j.error();
   if (!persistence::is_terminal(j->state)) {
     {
@@ -872,7 +879,7 @@ awaitable<result<job_view>> job_queue::cancel_on(owner_scope caller, job_id job,
       auto body = protocol::render_notice(*killed);
       co_await finish(job, terminal, std::move(*killed), std::move(body));
     }
-    auto again = owned(caller, job);
+    auto again = co_await owned(caller, job);
     if (!again) co_return again.error();
     j = std::move(*again);
   }
@@ -881,7 +888,7 @@ awaitable<result<job_view>> job_queue::cancel_on(owner_scope caller, job_id job,
     auto r = co_await store_.mark_read(rid);
     if (!r) co_return r.error();
   }
-  co_return view_of(*j);
+  co_return co_await view_of(std::move(*j));
 }
 
 awaitable<result<int>> job_queue::stop_turn(owner_scope turn) {
@@ -929,9 +936,11 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
                              "; what recovery settled before this stays settled, every other "
                              "owner was retained and no new work was started"};
   };
-  auto live = store_.live_jobs();
+  auto read_live = [this] { return store_.live_jobs(); };
+  auto live = co_await store_.offload(std::move(read_live));
   if (!live) co_return refuse(live.error());
-  auto pending = store_.pending_receipts();
+  auto read_pending = [this] { return store_.pending_receipts(); };
+  auto pending = co_await store_.offload(std::move(read_pending));
   if (!pending) co_return refuse(pending.error());
 
   // Every recorded owner must be recovered on its own sandbox generation,
@@ -974,7 +983,8 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   std::vector<event_id> drop;
   std::vector<receipt> resend;
   for (auto& r : *pending) {
-    auto j = store_.job(r.job);
+    auto read_job = [this, id = r.job] { return store_.job(id); };
+    auto j = co_await store_.offload(std::move(read_job));
     if (!j) co_return refuse(j.error());
     // A subagent job's receipt (no sandbox): the report path owns its delivery.
     if (!*j && r.scope.sandbox.empty() && r.scope.generation == 0) continue;
@@ -984,7 +994,8 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
     } else if (!((*j)->scope == r.scope)) {
       why = "its scope differs from its job's owner";
     } else {
-      auto bound = store_.bound_generation(r.scope.sandbox);
+      auto read_bound = [this, sb = r.scope.sandbox] { return store_.bound_generation(sb); };
+      auto bound = co_await store_.offload(std::move(read_bound));
       if (!bound) co_return refuse(bound.error());
       if (*bound && r.scope.generation < **bound)
         why = "it belongs to generation " + std::to_string(r.scope.generation) + " of sandbox '" +

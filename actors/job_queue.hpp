@@ -200,7 +200,7 @@ class job_queue {
   bool closing();
   static error stopping_error();
   /// The owned job, or "not found" for a stranger.
-  result<owned_job> owned(const owner_scope& caller, const job_id& job);
+  awaitable<result<owned_job>> owned(owner_scope caller, job_id job);
   /// Counts a coroutine of the queue in flight; false once closed.
   bool enter();
   void leave();
@@ -212,7 +212,7 @@ class job_queue {
   void end_live(const job_id& job);
   void bump();
   void busy(int delta);
-  result<job_view> view_of(const owned_job& j);
+  awaitable<result<job_view>> view_of(owned_job j);
 
   runtime::executor ex_;
   host& host_;

@@ -95,21 +95,27 @@ class session::context : public agent_context {
 
   void wake_self() override { s_->ring(wake_scope::input); }
 
-  result<void> cancel_child(const session_id& child) override {
-    auto row = s_->host_.store().session(child);
-    if (!row) return row.error();
+  awaitable<result<void>> cancel_child(session_id child) override {
+    auto& store = s_->host_.store();
+    auto read = [&store, child] { return store.session(child); };
+    auto row = co_await store.offload(std::move(read));
+    if (!row) co_return row.error();
     if (!*row || (*row)->parent != s_->id())
-      return error{errc::not_found, "session '" + child.str() + "' not found"};
+      co_return error{errc::not_found, "session '" + child.str() + "' not found"};
     s_->host_.interrupt(child);
-    return {};
+    co_return result<void>{};
   }
 
-  result<std::vector<message_row>> transcript() override {
-    return s_->host_.store().messages(s_->id());
+  awaitable<result<std::vector<message_row>>> transcript() override {
+    auto& store = s_->host_.store();
+    auto read = [&store, me = s_->id()] { return store.messages(me); };
+    co_return co_await store.offload(std::move(read));
   }
 
-  result<std::int64_t> input_ordinal(std::int64_t seq) override {
-    return s_->host_.store().user_ordinal(s_->id(), seq);
+  awaitable<result<std::int64_t>> input_ordinal(std::int64_t seq) override {
+    auto& store = s_->host_.store();
+    auto read = [&store, me = s_->id(), seq] { return store.user_ordinal(me, seq); };
+    co_return co_await store.offload(std::move(read));
   }
 
  private:
@@ -124,7 +130,9 @@ class session::context : public agent_context {
       co_return error{errc::invalid, "job policy '" + *req.job_policy +
                                          "' is not one of withhold, report_now; nothing was sent"};
     session_id child = req.child ? *req.child : session_id(protocol::mint("ses"));
-    auto existing = h.store().session(child);
+    auto& store = h.store();
+    auto read_child = [&store, child] { return store.session(child); };
+    auto existing = co_await store.offload(std::move(read_child));
     if (!existing) co_return existing.error();
     std::optional<session_row> create;
     std::optional<session_id> parent;
@@ -195,7 +203,7 @@ class session::context : public agent_context {
     auto written = co_await h.store().spawn(std::move(create), child, std::move(req.prompt),
                                             std::move(row), notify_update);
     if (!written) co_return written.error();
-    auto c = h.get(child);
+    auto c = co_await h.load(child);
     if (!c) co_return c.error();
     if (parent) h.note_child(*parent, child);
     // A background job is outstanding from the moment its running row is
@@ -225,7 +233,7 @@ class session::context : public agent_context {
                                                            bool background,
                                                            std::optional<bool> notify) {
     host& h = s_->host_;
-    auto c = h.get(child);
+    auto c = co_await h.load(child);
     if (!c) co_return c.error();
     auto ticket = std::make_shared<int>(0);
     session_msg::join_live ask{ticket, background ? nullptr : make_inline_reply(), {}};
@@ -385,7 +393,9 @@ awaitable<void> session::handle(session_message& m) {
       row_.revert_staged = rv->staged;
       // Reports admitted meanwhile are seen once the revert is resolved.
       if (!rv->staged) {
-        auto inbox = host_.store().inbox(id());
+        auto& store = host_.store();
+        auto read = [&store, me = id()] { return store.inbox(me); };
+        auto inbox = co_await store.offload(std::move(read));
         bool pending = false;
         if (inbox)
           for (auto& i : *inbox) pending |= !i.acked;
@@ -459,11 +469,15 @@ awaitable<void> session::pause_before_retry(int attempt) {
   retry_timer_.reset();
 }
 
-bool session::withholding() {
+awaitable<bool> session::withholding() {
   auto& q = host_.jobs();
-  if (!q.turn_has_live_jobs(id(), turn_)) return false;
-  auto row = host_.store().session(id());
-  return !row || !*row || (*row)->job_policy == "withhold";
+  if (!q.turn_has_live_jobs(id(), turn_)) co_return false;
+  // The policy is read from the row each time (host::set_job_policy writes
+  // it there), off this actor's executor.
+  auto& store = host_.store();
+  auto read = [&store, me = id()] { return store.session(me); };
+  auto row = co_await store.offload(std::move(read));
+  co_return !row || !*row || (*row)->job_policy == "withhold";
 }
 
 void session::start_busy_period() {
@@ -560,7 +574,8 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     drain_input in;
     in.drain_index = drain_index;
     in.scope = scope;
-    auto msgs = store.messages(id(), cursor);
+    auto read_inputs = [&store, me = id(), cursor] { return store.messages(me, cursor); };
+    auto msgs = co_await store.offload(std::move(read_inputs));
     if (!msgs) {
       failed_ = true;
       error_text_ = msgs.error().message;
@@ -604,7 +619,12 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     // the queue's revision (or a wake) looks again.
     // A follow-up joining this generation is writing its prompt: wait for its
     // wake (or its failure) so the prompt is answered in this generation.
-    while (!pending_ && !interrupted_ && !stopping_ && (!joiners_.empty() || withholding())) {
+    for (;;) {
+      if (pending_ || interrupted_ || stopping_) break;
+      if (joiners_.empty()) {
+        bool withhold = co_await withholding();
+        if (!withhold || pending_ || interrupted_ || stopping_) break;
+      }
       auto& q = host_.jobs();
       auto seen = q.revision();
       bool joining = !joiners_.empty();
@@ -693,7 +713,10 @@ awaitable<void> session::settle() {
   } else if (state == report_state::error) {
     answer = error_text_;
   } else {
-    auto last = store.last_assistant_after(id(), started_seq_);
+    auto read = [&store, me = id(), after = started_seq_] {
+      return store.last_assistant_after(me, after);
+    };
+    auto last = co_await store.offload(std::move(read));
     if (!last) {
       // A message that fails to decode degrades to an error report, so the
       // release still commits.

@@ -137,7 +137,7 @@ class session : public runtime::actor<session, session_message> {
   void release_withhold();
   /// Withhold: while jobs this turn owns run, the busy period stays open,
   /// waiting on a change of the job queue's revision (never on a timer).
-  bool withholding();
+  awaitable<bool> withholding();
   /// Pauses before retry `attempt` of a write that must not be given up; a
   /// shutdown ends the pause at once (the caller rechecks stopping_).
   awaitable<void> pause_before_retry(int attempt);

@@ -21,9 +21,9 @@
 #include <sstream>
 
 #include "tether/actors/host.hpp"
-#include "tether/sandbox/daemon_process.hpp"
 #include "tether/protocol/notice.hpp"
 #include "tether/runtime/crash_point.hpp"
+#include "tether/sandbox/daemon_process.hpp"
 #include "tether/testing/scripted_agent.hpp"
 
 namespace tether::testing::scenario {
@@ -1161,7 +1161,8 @@ class runner {
       ::kill(d.pid, SIGKILL);  // a wedged host may hold its connections: do not wait on it
       return;
     }
-    if (auto r = sandbox::stop_daemon(d); !r) out_ << "  note  sandbox: " << r.error().message << "\n";
+    if (auto r = sandbox::stop_daemon(d); !r)
+      out_ << "  note  sandbox: " << r.error().message << "\n";
   }
 
   bool fail_setup(const std::string& why) {

@@ -15,7 +15,7 @@ class scripted_agent : public agent {
 
   awaitable<void> drain(agent_context& ctx, drain_input in) override {
     for (auto& input : in.inputs) {
-      auto ordinal = ctx.input_ordinal(input.seq);
+      auto ordinal = co_await ctx.input_ordinal(input.seq);
       if (!ordinal) throw std::runtime_error(ordinal.error().message);
       auto turn = owner_.turn(id_, static_cast<int>(*ordinal));
       if (!turn) continue;
@@ -132,7 +132,7 @@ class scripted_agent : public agent {
       }
       case k::interrupt:
         owner_.note(id_.str() + " interrupts " + a.child);
-        if (auto r = ctx.cancel_child(session_id(a.child)); !r)
+        if (auto r = co_await ctx.cancel_child(session_id(a.child)); !r)
           owner_.note(id_.str() + " could not interrupt " + a.child + ": " + r.error().message);
         break;
     }

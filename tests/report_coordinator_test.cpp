@@ -237,7 +237,7 @@ TEST_CASE("a job cancelled on its creation tick is reported once") {
     req.description = "Audit routes";
     req.prompt = "go";
     auto c = co_await ctx.spawn_background(std::move(req));
-    if (c) (void)ctx.cancel_child(*c);  // queued right behind the child's first wake
+    if (c) (void)co_await ctx.cancel_child(*c);  // queued right behind the child's first wake
   };
   f.on("child", 1, {say("should never be said")});
   auto p = f.sync(f.host->create_session("parent", session_id("parent")));

@@ -80,7 +80,8 @@ TEST_CASE(
   auto answer = runtime::one_shot<result<void>>::make();
   f.code("stranger")->fn = [answer](agent_context& ctx,
                                     drain_input) -> boost::asio::awaitable<void> {
-    answer->set(ctx.cancel_child(session_id("child")));
+    auto cancelled = co_await ctx.cancel_child(session_id("child"));
+    answer->set(cancelled);
     co_return;
   };
   auto s = f.sync(f.host->create_session("stranger", session_id("stranger")));
