@@ -732,7 +732,7 @@ awaitable<result<bool>> job_queue::deliver(receipt r, bool wake_after) {
   if (!*now || (*now)->state != receipt_state::pending) co_return false;
   auto s = co_await host_.load(r.scope.thread);
   if (!s && s.error().code != errc::not_found) co_return s.error();
-  if (!s || (*s)->row().tenant != r.scope.tenant) {
+  if (!s || (*s)->tenant() != r.scope.tenant) {
     host_.warn("receipt " + r.id.str() + ": its owner session '" + r.scope.thread.str() +
                "' is gone; the receipt was dropped");
     std::vector<event_id> one{r.id};

@@ -262,6 +262,8 @@ class session::context : public agent_context {
 session::session(runtime::executor ex, host& h, session_row row, std::shared_ptr<agent> a)
     : actor(ex, runtime::actor_options{"session " + row.id.str()}),
       host_(h),
+      id_(row.id),
+      tenant_(row.tenant),
       row_(std::move(row)),
       agent_(std::move(a)) {}
 

@@ -114,8 +114,10 @@ class session : public runtime::actor<session, session_message> {
  public:
   session(runtime::executor ex, host& h, session_row row, std::shared_ptr<agent> a);
 
-  const session_id& id() const { return row_.id; }
-  const session_row& row() const { return row_; }
+  /// Immutable from construction, so any thread may read them (the rest of
+  /// the session's row is the actor's own state).
+  const session_id& id() const { return id_; }
+  const protocol::tenant_id& tenant() const { return tenant_; }
 
   awaitable<void> handle(session_message& m);
 
@@ -147,6 +149,8 @@ class session : public runtime::actor<session, session_message> {
       std::vector<notification_id> nids, reply_to<std::vector<bool>> reply, bool receipts);
 
   host& host_;
+  const session_id id_;
+  const protocol::tenant_id tenant_;
   session_row row_;
   std::shared_ptr<agent> agent_;
   phase phase_ = phase::idle;
