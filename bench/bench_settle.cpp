@@ -310,8 +310,15 @@ bool check(const std::string& path, const shape& s, const spawn_state& st, const
     std::fprintf(stderr, "bench_settle: check failed: %s\n", what.c_str());
     ok = false;
   };
-  auto jobs = db.execAndGet("SELECT count(*) FROM tasks").getInt64();
-  if (jobs != 0) fail(std::to_string(jobs) + " job rows left in the outbox");
+  // Delivered tasks stay, terminal; none may still be running or owe its
+  // report (a pending terminal receipt).
+  auto jobs = db.execAndGet(
+                    "SELECT count(*) FROM tasks t WHERE t.kind != 'shell' AND (t.state IN "
+                    "('admitted', 'running') OR EXISTS (SELECT 1 FROM receipts r WHERE r.task_id = "
+                    "t.id AND "
+                    "r.transition != 'started' AND r.state = 'pending'))")
+                  .getInt64();
+  if (jobs != 0) fail(std::to_string(jobs) + " tasks still running or owing their report");
   std::size_t total = 0, expected = 0;
   for (std::size_t p = 0; p < s.parents; ++p) {
     std::string parent = parent_name(p);
