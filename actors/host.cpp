@@ -119,9 +119,7 @@ awaitable<result<std::shared_ptr<session>>> host::load(session_id s) {
     auto it = sessions_.find(s);
     if (it != sessions_.end()) co_return it->second;
   }
-  auto& store = *store_;
-  auto read = [&store, s] { return store.session(s); };
-  auto row = co_await store.offload(std::move(read));
+  auto row = co_await store_->load_session(s);
   co_return adopt(s, std::move(row));
 }
 

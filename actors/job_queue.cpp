@@ -380,9 +380,7 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
     co_return error{errc::invalid,
                     "launch: the caller's scope needs a tenant, a thread and a turn; "
                     "nothing was started"};
-  auto& sessions = host_.store();
-  auto read_owner = [&sessions, thread = caller.thread] { return sessions.session(thread); };
-  auto row = co_await sessions.offload(std::move(read_owner));
+  auto row = co_await host_.store().load_session(caller.thread);
   if (!row) co_return row.error();
   if (!*row || (*row)->tenant != caller.tenant)
     co_return error{errc::not_found,

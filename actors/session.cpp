@@ -96,9 +96,7 @@ class session::context : public agent_context {
   void wake_self() override { s_->ring(wake_scope::input); }
 
   awaitable<result<void>> cancel_child(session_id child) override {
-    auto& store = s_->host_.store();
-    auto read = [&store, child] { return store.session(child); };
-    auto row = co_await store.offload(std::move(read));
+    auto row = co_await s_->host_.store().load_session(child);
     if (!row) co_return row.error();
     if (!*row || (*row)->parent != s_->id())
       co_return error{errc::not_found, "session '" + child.str() + "' not found"};
@@ -130,9 +128,7 @@ class session::context : public agent_context {
       co_return error{errc::invalid, "job policy '" + *req.job_policy +
                                          "' is not one of withhold, report_now; nothing was sent"};
     session_id child = req.child ? *req.child : session_id(protocol::mint("ses"));
-    auto& store = h.store();
-    auto read_child = [&store, child] { return store.session(child); };
-    auto existing = co_await store.offload(std::move(read_child));
+    auto existing = co_await h.store().load_session(child);
     if (!existing) co_return existing.error();
     std::optional<session_row> create;
     std::optional<session_id> parent;
@@ -476,9 +472,7 @@ awaitable<bool> session::withholding() {
   if (!q.turn_has_live_jobs(id(), turn_)) co_return false;
   // The policy is read from the row each time (host::set_job_policy writes
   // it there), off this actor's executor.
-  auto& store = host_.store();
-  auto read = [&store, me = id()] { return store.session(me); };
-  auto row = co_await store.offload(std::move(read));
+  auto row = co_await host_.store().load_session(id());
   co_return !row || !*row || (*row)->job_policy == "withhold";
 }
 

@@ -30,6 +30,7 @@
 
 #include "support.hpp"
 #include "tether/actors/host.hpp"
+#include "tether/persistence/report_store.hpp"
 #include "tether/protocol/json.hpp"
 #include "tether/protocol/report.hpp"
 #include "tether/runtime/clock.hpp"
@@ -215,13 +216,8 @@ bool check(const std::string& path, const layout& l, std::size_t hooks, int deli
   };
   auto n = l.reports();
   // Delivered tasks stay, terminal; none may still owe its report.
-  if (auto jobs =
-          db.execAndGet("SELECT count(*) FROM tasks t WHERE t.kind != 'shell' AND (t.state IN "
-                        "('admitted', 'running') OR EXISTS (SELECT 1 FROM receipts r WHERE "
-                        "r.task_id = t.id "
-                        "AND r.transition != 'started' AND r.state = 'pending'))")
-              .getInt64();
-      jobs != 0)
+  auto outstanding = persistence::report_reader(path).outstanding_jobs();
+  if (auto jobs = outstanding ? static_cast<std::int64_t>(outstanding->size()) : -1; jobs != 0)
     fail(std::to_string(jobs) + " tasks still running or owing their report");
   if (hooks != n)
     fail("the admitted hook fired " + std::to_string(hooks) + " times for " + std::to_string(n) +

@@ -59,6 +59,7 @@
 
 #include "support.hpp"
 #include "tether/actors/host.hpp"
+#include "tether/persistence/report_store.hpp"
 #include "tether/runtime/clock.hpp"
 #include "tether/runtime/sync_wait.hpp"
 #include "tether/testing/scripted_agent.hpp"
@@ -312,12 +313,8 @@ bool check(const std::string& path, const shape& s, const spawn_state& st, const
   };
   // Delivered tasks stay, terminal; none may still be running or owe its
   // report (a pending terminal receipt).
-  auto jobs = db.execAndGet(
-                    "SELECT count(*) FROM tasks t WHERE t.kind != 'shell' AND (t.state IN "
-                    "('admitted', 'running') OR EXISTS (SELECT 1 FROM receipts r WHERE r.task_id = "
-                    "t.id AND "
-                    "r.transition != 'started' AND r.state = 'pending'))")
-                  .getInt64();
+  auto outstanding = persistence::report_reader(path).outstanding_jobs();
+  auto jobs = outstanding ? static_cast<std::int64_t>(outstanding->size()) : -1;
   if (jobs != 0) fail(std::to_string(jobs) + " tasks still running or owing their report");
   std::size_t total = 0, expected = 0;
   for (std::size_t p = 0; p < s.parents; ++p) {

@@ -122,18 +122,28 @@ void insert_job(SQLite::Database& db, const job_row& r) {
 // written, bound to the parent's tenant, thread and current turn (no sandbox),
 // and its terminal receipt when the settle makes the row terminal, with the
 // same scope. The report path delivers it; complete() acknowledges it.
+// The scope a parent's reports are owed under: its tenant, the parent as the
+// thread, its current turn (no sandbox). nullopt if the parent is gone.
+std::optional<protocol::owner_scope> parent_scope(SQLite::Database& db, const session_id& parent) {
+  auto& q = cached_statement(db, "SELECT tenant, coalesce(turn, '') FROM sessions WHERE id = ?");
+  q.bind(1, parent.str());
+  std::optional<protocol::owner_scope> out;
+  if (q.executeStep()) {
+    out.emplace();
+    out->tenant = protocol::tenant_id(q.getColumn(0).getString());
+    out->thread = parent;
+    out->turn = protocol::turn_id(q.getColumn(1).getString());
+  }
+  q.reset();
+  return out;
+}
+
 void insert_subagent_started(SQLite::Database& db, const job_row& r) {
   if (r.kind != "subagent" || r.mode != "background" || r.status != job_status::running ||
       !r.parent)
     return;
-  auto& q = cached_statement(db, "SELECT tenant, coalesce(turn, '') FROM sessions WHERE id = ?");
-  q.bind(1, r.parent->str());
-  if (!q.executeStep()) return;
-  protocol::owner_scope scope;
-  scope.tenant = protocol::tenant_id(q.getColumn(0).getString());
-  scope.thread = *r.parent;
-  scope.turn = protocol::turn_id(q.getColumn(1).getString());
-  q.reset();
+  auto scope = parent_scope(db, *r.parent);
+  if (!scope) return;
   auto& st =
       cached_statement(db,
                        "INSERT OR IGNORE INTO receipts (id, task_id, transition, scope, body, "
@@ -142,7 +152,7 @@ void insert_subagent_started(SQLite::Database& db, const job_row& r) {
   auto now = now_ms();
   st.bind(1, protocol::make_event_id(r.id, protocol::transition::started).str());
   st.bind(2, r.id.str());
-  st.bind(3, protocol::to_text(protocol::to_json(scope)));
+  st.bind(3, protocol::to_text(protocol::to_json(*scope)));
   st.bind(4, now);
   st.bind(5, now);
   st.exec();
@@ -168,14 +178,7 @@ void insert_subagent_terminal(SQLite::Database& db, const job_id& job,
     s.tenant = protocol::tenant_id("default");
     if (parent) {
       s.thread = *parent;
-      auto& q =
-          cached_statement(db, "SELECT tenant, coalesce(turn, '') FROM sessions WHERE id = ?");
-      q.bind(1, parent->str());
-      if (q.executeStep()) {
-        s.tenant = protocol::tenant_id(q.getColumn(0).getString());
-        s.turn = protocol::turn_id(q.getColumn(1).getString());
-      }
-      q.reset();
+      if (auto p = parent_scope(db, *parent)) s = std::move(*p);
     }
     scope = protocol::to_text(protocol::to_json(s));
   }
@@ -711,6 +714,11 @@ result<std::vector<session_row>> report_reader::sessions() {
   } catch (const std::exception& e) {
     return read_error("reading sessions", e);
   }
+}
+
+awaitable<result<std::optional<session_row>>> report_reader::load_session(session_id s) {
+  auto read = [this, s] { return session(s); };
+  co_return co_await offload(std::move(read));
 }
 
 namespace {

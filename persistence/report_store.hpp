@@ -118,6 +118,8 @@ class report_reader {
   explicit report_reader(std::string path) : readers_(std::move(path)) {}
 
   result<std::optional<session_row>> session(const session_id& s);
+  /// session(), read off the caller's executor (offload): how an actor reads a row.
+  awaitable<result<std::optional<session_row>>> load_session(session_id s);
   result<std::vector<session_row>> sessions();
   /// Every subagent and local shell task, delivered ones included, oldest first.
   result<std::vector<job_row>> jobs();

@@ -216,6 +216,21 @@ const std::vector<const char*>& boot_fields() {
   return f;
 }
 
+// NAME "DESCRIPTION" "PROMPT": the session a spawn or fork creates (or a
+// spawn follows up), into a.target, a.description and a.text.
+result<void> parse_session_start(line_reader& r, action& a, const std::string& what) {
+  auto c = r.name(what == "child" ? "the child session name" : "the new session's name");
+  if (!c) return c.error();
+  a.target = *c;
+  auto d = r.text("the " + what + "'s description");
+  if (!d) return d.error();
+  a.description = *d;
+  auto p = r.text("the " + what + "'s prompt");
+  if (!p) return p.error();
+  a.text = *p;
+  return {};
+}
+
 result<action> parse_action(line_reader& r) {
   auto verb = r.keyword(
       "an action", {"say", "fail", "raise", "shell", "spawn", "wake-self", "wait-until-interrupted",
@@ -235,15 +250,7 @@ result<action> parse_action(line_reader& r) {
     a.text = *g;
   } else if (*verb == "spawn") {
     a.what = k::spawn;
-    auto c = r.name("the child session name");
-    if (!c) return c.error();
-    a.target = *c;
-    auto d = r.text("the child's description");
-    if (!d) return d.error();
-    a.description = *d;
-    auto p = r.text("the child's prompt");
-    if (!p) return p.error();
-    a.text = *p;
+    if (auto s = parse_session_start(r, a, "child"); !s) return s.error();
     while (!r.done() && !r.at(";")) {
       auto opt = r.keyword("a spawn option", {"background", "foreground", "notify", "agent"});
       if (!opt) return opt.error();
@@ -290,15 +297,7 @@ result<action> parse_action(line_reader& r) {
     a.target = *n;
   } else if (*verb == "fork") {
     a.what = k::fork;
-    auto c = r.name("the new session's name");
-    if (!c) return c.error();
-    a.target = *c;
-    auto d = r.text("the fork's description");
-    if (!d) return d.error();
-    a.description = *d;
-    auto p = r.text("the fork's prompt");
-    if (!p) return p.error();
-    a.text = *p;
+    if (auto s = parse_session_start(r, a, "fork"); !s) return s.error();
   } else {
     a.what = k::interrupt;
     auto t = r.name("the session to interrupt");

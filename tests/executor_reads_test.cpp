@@ -17,27 +17,15 @@ TEST_CASE(
     "[actors][reads]") {
   report_fixture f("reads-report");
   auto before = persistence::reads_on_executor();
-  f.on("parent", 1, {spawn("child", "Audit routes", "check the routes"), say("Started.")});
   f.on("child", 1, {say("All 14 routes answer.")});
-  auto p = f.sync(f.host->create_session("parent", session_id("parent")));
-  REQUIRE(p);
-  REQUIRE(f.sync(f.host->prompt(*p, "audit the routes")));
+  f.parent_spawns("child");
   f.quiet();
   auto inbox = f.inbox("parent");
   REQUIRE(inbox.size() == 1);
   CHECK(inbox[0].body.find("All 14 routes answer.") != std::string::npos);
   CHECK(inbox[0].acked);  // the parent drained it
   // A boot with a report owed: boot's reads, the owed delivery, the wake.
-  persistence::job_row owed;
-  owed.id = protocol::job_id("msg_owed");
-  owed.nid = protocol::notification_id("msg_owed");
-  owed.mode = "none";
-  owed.parent = session_id("parent");
-  owed.child = session_id("child");
-  owed.status = persistence::job_status::completed;
-  owed.body = "owed report";
-  owed.description = "Audit routes";
-  REQUIRE(f.sync(f.host->store().write_job(owed)));
+  f.write_owed_report("parent", "child");
   f.restart();
   f.quiet();
   CHECK(f.boot.delivered == 1);

@@ -168,16 +168,7 @@ TEST_CASE(
   shell.child = session_id("child");
   shell.description = "check-routes";
   REQUIRE(f.sync(f.host->store().write_job(shell)));
-  persistence::job_row owed;
-  owed.id = protocol::job_id("msg_owed");
-  owed.nid = protocol::notification_id("msg_owed");
-  owed.mode = "none";
-  owed.parent = session_id("parent");
-  owed.child = session_id("child");
-  owed.status = persistence::job_status::completed;
-  owed.body = "owed report";
-  owed.description = "Audit routes";
-  REQUIRE(f.sync(f.host->store().write_job(owed)));
+  f.write_owed_report("parent", "child");
   f.close();
   // The shell exited while the host was down: its status and output are on disk.
   auto shells = std::filesystem::path(f.dir.file("tether.db.shells"));
@@ -238,17 +229,9 @@ TEST_CASE(
   report_fixture f("recovery-v4-owed-none");
   REQUIRE(f.sync(f.host->create_session("parent", session_id("parent"))));
   // A none-mode report as the previous build left it owed: a terminal row and
-  // no terminal receipt (it minted none for mode none, and its row was the outbox).
-  persistence::job_row owed;
-  owed.id = protocol::job_id("msg_owed");
-  owed.nid = protocol::notification_id("msg_owed");
-  owed.mode = "none";
-  owed.parent = session_id("parent");
-  owed.child = session_id("parent");
-  owed.status = persistence::job_status::completed;
-  owed.body = "owed report";
-  owed.description = "Audit routes";
-  REQUIRE(f.sync(f.host->store().write_job(owed)));
+  // no terminal receipt (it minted none for mode none, and its row was the
+  // outbox). Written as this build writes it, then its receipt is removed.
+  f.write_owed_report("parent", "parent");
   f.close();
   {
     SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);

@@ -204,6 +204,20 @@ class report_fixture {
     REQUIRE_FALSE(b);
     return b.error();
   }
+  // Writes a none-mode report `msg_owed` ("owed report") owed to `parent`
+  // by `child`, as a settle leaves one: terminal, its terminal receipt pending.
+  void write_owed_report(const std::string& parent, const std::string& child) {
+    persistence::job_row owed;
+    owed.id = protocol::job_id("msg_owed");
+    owed.nid = protocol::notification_id("msg_owed");
+    owed.mode = "none";
+    owed.parent = session_id(parent);
+    owed.child = session_id(child);
+    owed.status = persistence::job_status::completed;
+    owed.body = "owed report";
+    owed.description = "Audit routes";
+    REQUIRE(sync(host->store().write_job(owed)));
+  }
   std::vector<persistence::inbox_row> inbox(const std::string& s) {
     auto r = host->store().inbox(session_id(s));
     REQUIRE(r);
