@@ -33,6 +33,7 @@
 #include "tether/persistence/report_store.hpp"
 #include "tether/protocol/json.hpp"
 #include "tether/protocol/report.hpp"
+#include "tether/protocol/scope.hpp"
 #include "tether/runtime/clock.hpp"
 #include "tether/runtime/sync_wait.hpp"
 
@@ -94,6 +95,11 @@ void write_owed(SQLite::Database& db, const layout& l) {
       "INSERT INTO tasks (id, notification_id, kind, mode, parent_id, child_id, "
       "generation, state, body, payload, created_at, updated_at) "
       "VALUES (?, ?, 'subagent', 'background', ?, ?, ?, 'completed', ?, ?, ?, ?)");
+  // Each report's outbox, as a settle leaves it: the pending terminal receipt.
+  SQLite::Statement receipt(db,
+                            "INSERT INTO receipts (id, task_id, transition, scope, body, state, "
+                            "created_at, updated_at) VALUES (?, ?, 'completed', ?, ?, 'pending', "
+                            "?, ?)");
   auto add_session = [&](const std::string& id, const std::optional<std::string>& parent,
                          const std::string& description, std::int64_t seq) {
     ses.reset();
@@ -145,6 +151,18 @@ void write_owed(SQLite::Database& db, const layout& l) {
       job.bind(8, now);
       job.bind(9, now);
       job.exec();
+      protocol::owner_scope scope;
+      scope.tenant = protocol::tenant_id("default");
+      scope.thread = session_id(parent);
+      auto task = "job_" + nid.substr(4);
+      receipt.reset();
+      receipt.bind(1, task + "/completed");
+      receipt.bind(2, task);
+      receipt.bind(3, protocol::to_text(protocol::to_json(scope)));
+      receipt.bind(4, body);
+      receipt.bind(5, now);
+      receipt.bind(6, now);
+      receipt.exec();
     }
   }
 }
