@@ -24,8 +24,11 @@ class session::context : public agent_context {
   const session_id& self() const override { return s_->id(); }
 
   awaitable<result<std::int64_t>> say(std::string text) override {
-    co_return co_await s_->host_.store().append(s_->id(), "assistant", "answer", "completed",
-                                                std::move(text));
+    auto copy = text;
+    auto seq = co_await s_->host_.store().append(s_->id(), "assistant", "answer", "completed",
+                                                 std::move(text));
+    if (seq) s_->answered(*seq, std::move(copy));
+    co_return seq;
   }
 
   awaitable<result<std::int64_t>> fail(std::string text) override {
@@ -544,6 +547,10 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
   }
   started_seq_ = begun->seq;
   turn_ = begun->turn;
+  // A period begun here sees every answer it writes (say() is the only
+  // writer of this session's answers): the settle needs no read for it.
+  last_answer_ = {};
+  last_answer_known_ = !begun->resumed;
   if (auto* o = host_.observer()) o->started(id(), started_seq_);
   std::int64_t cursor = begun->input_cursor;
   failed_ = false;
@@ -708,6 +715,8 @@ awaitable<void> session::settle() {
     answer = std::string(protocol::k_cancelled_text);
   } else if (state == report_state::error) {
     answer = error_text_;
+  } else if (last_answer_known_) {
+    if (last_answer_.seq > 0) answer = std::move(last_answer_.text);
   } else {
     auto read = [&store, me = id(), after = started_seq_] {
       return store.last_assistant_after(me, after);

@@ -165,6 +165,17 @@ class session : public runtime::actor<session, session_message> {
   bool receipt_admitted_ = false;  // a job receipt was admitted since the last drain began
   std::string error_text_;
   std::int64_t started_seq_ = 0;
+  // The busy period's last completed answer, kept as say() writes it, when
+  // the period began in this process (else the settle reads it).
+  struct answer_memo {
+    std::int64_t seq = 0;
+    std::string text;
+  };
+  answer_memo last_answer_;
+  bool last_answer_known_ = false;
+  void answered(std::int64_t seq, std::string text) {
+    if (seq > last_answer_.seq) last_answer_ = {seq, std::move(text)};
+  }
   std::int64_t settle_cursor_ = 0;
   asio::cancellation_signal drain_cancel_;
   std::optional<job_binding> job_;

@@ -413,13 +413,16 @@ awaitable<result<report_store::busy_start>> report_store::begin_busy(session_id 
                                 "THEN ? ELSE turn END, "
                                 "time_suspended = coalesce(time_suspended, ?) WHERE id = ? "
                                 "RETURNING seq, input_cursor, turn");
-    st.bind(1, protocol::mint("turn"));
+    auto fresh_turn = protocol::mint("turn");
+    st.bind(1, fresh_turn);
     st.bind(2, now_ms());
     st.bind(3, s.str());
     if (!st.executeStep())
       return error{errc::not_found, "session '" + s.str() + "' does not exist"};
+    auto turn = st.getColumn(2).getString();
+    bool resumed = turn != fresh_turn;
     return busy_start{st.getColumn(0).getInt64(), st.getColumn(1).getInt64(),
-                      protocol::turn_id(st.getColumn(2).getString())};
+                      protocol::turn_id(std::move(turn)), resumed};
   };
   co_return co_await w_.write(std::move(name), 32, std::move(fn));
 }

@@ -173,6 +173,9 @@ class report_store : public report_reader {
     std::int64_t seq = 0;
     std::int64_t input_cursor = 0;
     protocol::turn_id turn;  // a new turn, or the one a crashed period held
+    /// The period resumes one a crashed host began: its transcript may hold
+    /// messages of that period written before this process started.
+    bool resumed = false;
   };
   awaitable<result<busy_start>> begin_busy(session_id s);
   /// Creates a child (unless it exists), appends its prompt and, for a

@@ -198,6 +198,62 @@ INSERT OR IGNORE INTO receipts (id, task_id, transition, scope, body, state, cre
   WHERE t.kind = 'subagent' AND t.state IN ('completed', 'failed', 'cancelled')
     AND NOT EXISTS (SELECT 1 FROM receipts r WHERE r.task_id = t.id AND r.transition != 'started');
 )sql",
+      // 6: tasks and receipts stay after delivery now, so every b-tree a
+      // settle writes grows with history and costs pages in each commit.
+      // Both tables become WITHOUT ROWID (their text key is the only key:
+      // one b-tree fewer per row), the index by child keeps only running
+      // tasks (every lookup by child asks for that, and children interleave,
+      // so a full index took a random leaf per settle), and the index by
+      // turn keeps only tasks launched under a scope (subagent tasks have no
+      // thread).
+      R"sql(
+CREATE TABLE tasks_v6 (
+  id              TEXT PRIMARY KEY,
+  kind            TEXT NOT NULL,
+  state           TEXT NOT NULL,
+  tenant          TEXT,
+  thread          TEXT,
+  turn            TEXT,
+  scope           TEXT,
+  parent_id       TEXT,
+  child_id        TEXT,
+  notification_id TEXT UNIQUE,
+  mode            TEXT,
+  generation      INTEGER NOT NULL DEFAULT 0,
+  body            TEXT,
+  payload         TEXT NOT NULL DEFAULT '{}',
+  completion      TEXT,
+  created_at      INTEGER NOT NULL,
+  updated_at      INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO tasks_v6 (id, kind, state, tenant, thread, turn, scope, parent_id, child_id,
+                      notification_id, mode, generation, body, payload, completion, created_at,
+                      updated_at)
+  SELECT id, kind, state, tenant, thread, turn, scope, parent_id, child_id, notification_id, mode,
+         generation, body, payload, completion, created_at, updated_at
+  FROM tasks;
+DROP TABLE tasks;
+ALTER TABLE tasks_v6 RENAME TO tasks;
+CREATE INDEX tasks_child_running ON tasks(child_id) WHERE state = 'running';
+CREATE INDEX tasks_live ON tasks(state) WHERE state IN ('admitted','running');
+CREATE INDEX tasks_turn ON tasks(thread, turn) WHERE thread IS NOT NULL;
+CREATE TABLE receipts_v6 (
+  id          TEXT PRIMARY KEY,
+  task_id     TEXT NOT NULL,
+  transition  TEXT NOT NULL,
+  scope       TEXT NOT NULL,
+  body        TEXT NOT NULL,
+  state       TEXT NOT NULL,
+  created_at  INTEGER NOT NULL,
+  updated_at  INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO receipts_v6 (id, task_id, transition, scope, body, state, created_at, updated_at)
+  SELECT id, task_id, transition, scope, body, state, created_at, updated_at FROM receipts;
+DROP TABLE receipts;
+ALTER TABLE receipts_v6 RENAME TO receipts;
+CREATE INDEX receipts_pending ON receipts(created_at, id) WHERE state = 'pending';
+CREATE INDEX receipts_task ON receipts(task_id);
+)sql",
   };
   return steps;
 }
