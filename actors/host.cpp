@@ -35,6 +35,7 @@ result<std::unique_ptr<host>> host::open(host_options opts) {
   h->writer_ = std::move(*w);
   h->store_ = std::make_unique<persistence::report_store>(*h->writer_, opts.db_path);
   h->receipts_ = std::make_unique<persistence::receipt_store>(*h->writer_, opts.db_path);
+  h->delivery_ = std::make_unique<actors::delivery>(*h, *h->store_, *h->receipts_);
   h->jobs_ = std::make_unique<job_queue>(h->pool_->at(0), *h, *h->receipts_, opts.jobs);
   h->shells_ = std::make_unique<shell_runner>(
       h->pool_->at(0), opts.shell_dir,
@@ -272,42 +273,6 @@ awaitable<result<void>> host::wait_idle(session_id s) {
   co_return co_await (*sess)->ask(std::move(m));
 }
 
-awaitable<result<void>> host::deliver(session_id parent,
-                                      std::vector<persistence::report_item> items) {
-  activity(+1);
-  struct done_guard {
-    host* h;
-    ~done_guard() { h->activity(-1); }
-  } guard{this};
-  std::vector<notification_id> nids;
-  for (auto& i : items) nids.push_back(i.nid);
-  auto p = co_await load(parent);
-  if (!p && p.error().code == errc::not_found) {
-    // Deleted parent: nobody is owed these reports any more.
-    warn("parent " + parent.str() + " is gone; " + std::to_string(nids.size()) +
-         " owed report(s) cleared");
-    co_return co_await store_->complete(std::move(nids), false);
-  }
-  if (!p) co_return p.error();
-  session_msg::admit a{std::move(items), {}};
-  auto admitted = co_await (*p)->ask(std::move(a));
-  if (!admitted && admitted.error().code == errc::not_found) {
-    warn(admitted.error().message + "; the rows were cleared");
-    co_return co_await store_->complete(std::move(nids), false);
-  }
-  if (!admitted) co_return admitted.error();
-  // Only an admit that added a report passes this point: a retried delivery
-  // whose reports were all admitted already (repeats dropped) does not.
-  if (std::find(admitted->begin(), admitted->end(), true) != admitted->end())
-    TETHER_CRASH_POINT("report.admit.after_commit");
-  auto c = co_await store_->complete(std::move(nids));
-  if (!c) co_return c.error();
-  TETHER_CRASH_POINT("report.complete.after_commit");
-  wake(**p, wake_scope::steer, true);
-  TETHER_CRASH_POINT("report.wake.after_tell");
-  co_return result<void>{};
-}
-
 awaitable<result<std::string>> host::start_shell(session_id owner, std::string command) {
   shell_info s;
   s.id = protocol::mint("sh");
@@ -378,13 +343,14 @@ awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
   auto left = std::make_shared<std::atomic<std::size_t>>(chunks);
   auto all_done = runtime::one_shot<int>::make();
   for (std::size_t at = 0; at < rows.size(); at += k_chunk) {
-    std::vector<persistence::report_item> items;
+    delivery_batch b;
+    b.owner = parent;
     std::size_t end = std::min(rows.size(), at + k_chunk);
     for (std::size_t i = at; i < end; ++i)
-      items.push_back({rows[i].nid, rows[i].child, rows[i].body.value_or("")});
-    auto n = static_cast<int>(items.size());
-    auto task = deliver(parent, std::move(items));
-    auto on_done = [this, parent, n, rep, m, left, all_done](std::exception_ptr e, result<void> r) {
+      b.items.push_back({rows[i].nid, std::nullopt, rows[i].child, rows[i].body.value_or("")});
+    auto n = static_cast<int>(b.items.size());
+    auto task = delivery_->deliver(std::move(b));
+    auto on_done = [this, parent, n, rep, m, left, all_done](std::exception_ptr e, result<int> r) {
       if (e) r = error{errc::failed, runtime::detail::describe(e)};
       {
         std::lock_guard lk(*m);
@@ -404,6 +370,47 @@ awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
     asio::co_spawn(ex, std::move(task), std::move(on_done));
   }
   if (chunks > 0) co_await all_done->async_wait(asio::use_awaitable);
+}
+
+awaitable<void> host::resend_notices(boot_report& rep) {
+  auto& receipts = *receipts_;
+  auto read = [&receipts]() -> result<std::vector<persistence::receipt>> {
+    auto pending = receipts.pending_receipts();
+    if (!pending) return pending.error();
+    std::vector<persistence::receipt> notices;
+    for (auto& r : *pending) {
+      // A subagent task's receipt is an owed report, delivered with its row.
+      auto task = receipts.job(r.job);
+      if (!task) return task.error();
+      if (*task) notices.push_back(std::move(r));
+    }
+    return notices;
+  };
+  auto notices = co_await receipts.offload(std::move(read));
+  if (!notices) {
+    auto w = "boot: pending receipts were not read: " + notices.error().message +
+             "; they stay pending for the next boot";
+    rep.jobs.warnings.push_back(w);
+    warn(w);
+    co_return;
+  }
+  for (auto& r : *notices) {
+    auto id = r.id;
+    delivery_batch b;
+    b.what = delivery_batch::kind::notice;
+    b.owner = r.scope.thread;
+    b.tenant = r.scope.tenant;
+    b.recheck = true;
+    b.recovering = true;
+    b.items.push_back({notification_id(r.id.str()), r.id, std::nullopt, std::move(r.body)});
+    auto d = co_await delivery_->deliver(std::move(b));
+    if (d && *d > 0) ++rep.jobs.redelivered;
+    if (!d) {
+      auto w = "boot: receipt " + id.str() + " was kept pending: " + d.error().message;
+      rep.jobs.warnings.push_back(w);
+      warn(w);
+    }
+  }
 }
 
 awaitable<bool> host::resume_inbox_period(persistence::session_row s, boot_report& rep) {
@@ -450,8 +457,10 @@ awaitable<bool> host::resume_inbox_period(persistence::session_row s, boot_repor
   }
   TETHER_CRASH_POINT("boot.exhausted.after_settle");
   if (settled->row_written && nid) {
-    std::vector<persistence::report_item> items{{*nid, s.id, std::move(body)}};
-    auto d = co_await deliver(*s.parent, std::move(items));
+    delivery_batch b;
+    b.owner = *s.parent;
+    b.items.push_back({*nid, std::nullopt, s.id, std::move(body)});
+    auto d = co_await delivery_->deliver(std::move(b));
     if (d) {
       ++rep.delivered;
     } else {
@@ -480,6 +489,11 @@ awaitable<result<boot_report>> host::boot() {
   if (!recovered) co_return recovered.error();
   rep.jobs = std::move(*recovered);
   TETHER_CRASH_POINT("boot.recover.after_jobs");
+  // Phase 1, first half: every pending notice (an owned job's receipt,
+  // those of jobs that ended while the host was down included) is resent
+  // through the one delivery path, waking nobody; the owed reports follow
+  // below, once the running subagent rows are bound.
+  co_await resend_notices(rep);
   auto& store = *store_;
   auto read_sessions = [&store] { return store.sessions(); };
   auto sessions = co_await store.offload(read_sessions);

@@ -2,9 +2,10 @@
 // The host: owns the executors, the single writer, the session actors and the
 // background shells, boots from disk in three phases, and delivers reports.
 //
-// A report's path after its settle commit (crash points in brackets):
+// A report's path after its settle commit (crash points in brackets), by the
+// one delivery path (actors/delivery.hpp):
 //   [report.settle.after_commit] parent admits it into its inbox
-//   [report.admit.after_commit]  the job row completes (outbox row deleted)
+//   [report.admit.after_commit]  its terminal receipt (the outbox) is acknowledged
 //   [report.complete.after_commit] the parent is woken (unless a revert is staged)
 //   [report.wake.after_tell] the parent's drain moves it into the transcript
 //   and acknowledges it in one transaction [report.drain.after_ack].
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "tether/actors/agent.hpp"
+#include "tether/actors/delivery.hpp"
 #include "tether/actors/job_queue.hpp"
 #include "tether/actors/session.hpp"
 #include "tether/actors/shell.hpp"
@@ -142,8 +144,9 @@ class host {
   /// which reads it off the executor.
   result<std::shared_ptr<session>> get(const session_id& s);
   awaitable<result<std::shared_ptr<session>>> load(session_id s);
-  /// admit → complete → wake, shared by the live settle and boot.
-  awaitable<result<void>> deliver(session_id parent, std::vector<persistence::report_item> items);
+  /// The one delivery path (actors/delivery.hpp): every pending receipt of
+  /// every kind, live and at boot.
+  actors::delivery& delivery() { return *delivery_; }
   /// Shells and subagents still running under `s` (its own shells included).
   std::vector<protocol::running_item> outstanding(const session_id& s);
   void note_phase(const session_id& s, bool busy, bool settling, bool foreground);
@@ -175,6 +178,8 @@ class host {
   /// the resume; true when it may run again, false when its claim was kept
   /// (a failed write) or it ran out of resumes (an error report was settled
   /// and delivered in its place).
+  /// Boot's sweep, phase 1: resends every pending notice, waking nobody.
+  awaitable<void> resend_notices(boot_report& rep);
   awaitable<bool> resume_inbox_period(persistence::session_row s, boot_report& rep);
 
   struct session_info {
@@ -193,6 +198,7 @@ class host {
   std::unique_ptr<persistence::report_store> store_;
   std::unique_ptr<shell_runner> shells_;
   std::unique_ptr<persistence::receipt_store> receipts_;
+  std::unique_ptr<actors::delivery> delivery_;
   std::unique_ptr<job_queue> jobs_;
 
   std::mutex m_;

@@ -673,9 +673,11 @@ awaitable<bool> job_queue::finish(job_id job, owned_state terminal,
     }
   }
   // The hand-over is retried while the host runs: a receipt left pending
-  // would otherwise wait for the next boot, and its turn with it.
+  // would otherwise wait for the next boot, and its turn with it. During
+  // recovery the receipt stays pending for boot's sweep, which resends every
+  // pending receipt through the one delivery path before any session resumes.
   auto r = std::move(**won);
-  for (int attempt = 0;; ++attempt) {
+  for (int attempt = 0; wake_after; ++attempt) {
     auto delivered = co_await deliver(r, wake_after);
     if (delivered) break;
     if (!co_await retry_later(attempt)) {
@@ -723,45 +725,17 @@ awaitable<result<bool>> job_queue::deliver(receipt r, bool wake_after) {
     job_queue* q;
     ~done_guard() { q->busy(-1); }
   } guard{this};
-  // Recheck: still pending (a status read or an earlier delivery may have settled it).
-  auto read = [this, id = r.id] { return store_.receipt_by_id(id); };
-  auto now = co_await store_.offload(std::move(read));
-  if (!now) co_return now.error();
-  if (!*now || (*now)->state != receipt_state::pending) co_return false;
-  auto s = co_await host_.load(r.scope.thread);
-  if (!s && s.error().code != errc::not_found) co_return s.error();
-  if (!s || (*s)->tenant() != r.scope.tenant) {
-    host_.warn("receipt " + r.id.str() + ": its owner session '" + r.scope.thread.str() +
-               "' is gone; the receipt was dropped");
-    std::vector<event_id> one{r.id};
-    co_await store_.drop(std::move(one));
-    co_return false;
-  }
-  bool was_busy = host_.is_busy(r.scope.thread);
-  std::vector<persistence::report_item> items;
-  items.push_back({notification_id(r.id.str()), std::nullopt, r.body});
-  session_msg::admit a{std::move(items), {}, true};
-  auto admitted = co_await (*s)->ask(std::move(a));
-  if (!admitted) co_return admitted.error();
-  // During recovery nobody is woken: boot resumes (or wakes) each session
-  // with a pending inbox in its own phases, so none starts early.
-  if (!wake_after) {
-    TETHER_CRASH_POINT("recover.handover.after_admit");
-    co_return true;
-  }
-  TETHER_CRASH_POINT("delivery.handover.after_admit");
-  if (opts_.trace) opts_.trace(r.job, "handed_over");
-  if (was_busy) {
-    // Steered: accepted into the running session's queue is acknowledged.
-    auto acked = co_await store_.ack(r.id);
-    if (!acked) co_return acked.error();
-    TETHER_CRASH_POINT("delivery.ack.after_commit");
-    host_.wake(**s, wake_scope::steer, true, true);
-  } else {
-    // Prompted: acknowledged when the session's drain takes it.
-    host_.wake(**s, wake_scope::input, true, true);
-  }
-  co_return true;
+  delivery_batch b;
+  b.what = delivery_batch::kind::notice;
+  b.owner = r.scope.thread;
+  b.tenant = r.scope.tenant;
+  b.recheck = true;
+  b.recovering = !wake_after;
+  if (opts_.trace) b.handed_over = [this, job = r.job] { opts_.trace(job, "handed_over"); };
+  b.items.push_back({notification_id(r.id.str()), r.id, std::nullopt, std::move(r.body)});
+  auto handed = co_await host_.delivery().deliver(std::move(b));
+  if (!handed) co_return handed.error();
+  co_return *handed > 0;
 }
 
 // ---- status, wait, cancel ------------------------------------------------------------------
@@ -977,9 +951,8 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   }
 
   // Stale receipts: another scope than their job's, an older generation than
-  // the bound one, or an owner that is gone.
+  // the bound one, or an owner that is gone. The others are boot's to resend.
   std::vector<event_id> drop;
-  std::vector<receipt> resend;
   for (auto& r : *pending) {
     auto read_job = [this, id = r.job] { return store_.job(id); };
     auto j = co_await store_.offload(std::move(read_job));
@@ -999,9 +972,7 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
         why = "it belongs to generation " + std::to_string(r.scope.generation) + " of sandbox '" +
               r.scope.sandbox.str() + "', older than the bound " + std::to_string(**bound);
     }
-    if (why.empty()) {
-      resend.push_back(std::move(r));
-    } else {
+    if (!why.empty()) {
       auto w = "recovery: receipt " + r.id.str() + " dropped: " + why;
       rep.warnings.push_back(w);
       host_.warn(w);
@@ -1016,8 +987,8 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   }
 
   // Reattach: what ended while the host was down settles once; what runs is
-  // followed again; what the daemon does not know is not run again. Receipts
-  // are admitted without waking anyone: boot's phases resume the sessions.
+  // followed again; what the daemon does not know is not run again. Their
+  // receipts stay pending: boot's sweep resends every pending receipt.
   std::vector<owned_job> follow;
   std::vector<job_id> settled;  // ended while the host was down: expired below
   for (auto& j : *live) {
@@ -1052,16 +1023,6 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
     follow.push_back(j);
   }
   if (ro) ro->close();
-
-  for (auto& r : resend) {
-    auto d = co_await deliver(std::move(r), false);
-    if (d && *d) ++rep.redelivered;
-    if (!d) {
-      auto w = "recovery: a receipt was kept pending: " + d.error().message;
-      rep.warnings.push_back(w);
-      host_.warn(w);
-    }
-  }
 
   // The read-only connection cannot expire: the platform route does, once
   // the terminal receipts are durable. A failure keeps the records (the

@@ -17,9 +17,11 @@
 //   stale receipts dropped                                      [recover.drop.after_commit]
 //   a job that ended, or that the daemon does not know, while
 //     the host was down: the terminal CAS                       [recover.terminal.after_commit]
-//   that receipt, or a pending one resent, into the inbox       [recover.handover.after_admit]
 //   an admitted job the daemon runs: the `started` receipt      [recover.running.after_commit]
 //   the daemon's record of a job settled here, expired          [recover.expire.after_commit]
+// Then boot's sweep (host::boot) resends every pending receipt, these
+// included, through the one delivery path (actors/delivery.hpp), waking
+// nobody                                                        [recover.handover.after_admit]
 // Delivery is at-least-once: a receipt stays pending until acknowledged, a
 // resend carries the same id and the inbox drops the repeat.
 //
@@ -93,7 +95,7 @@ struct recovery_report {
   int reattached = 0;  // still running, followed again
   int finished_while_down = 0;
   int lost = 0;         // admitted but unknown to the daemon: not run again
-  int redelivered = 0;  // pending receipts handed over again
+  int redelivered = 0;  // pending receipts handed over by boot's sweep
   int dropped = 0;      // pending receipts of another scope or an older generation
   std::vector<std::string> warnings;
 };

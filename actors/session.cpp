@@ -788,9 +788,10 @@ awaitable<void> session::settle() {
   // a failed one is retried while the host runs, so the report reaches the
   // parent without waiting for a boot. A shutdown leaves the row for boot.
   for (int attempt = 0; committed->row_written && nid && row_.parent; ++attempt) {
-    auto body = req.body;
-    std::vector<persistence::report_item> items{{*nid, id(), std::move(body)}};
-    auto d = co_await host_.deliver(*row_.parent, std::move(items));
+    delivery_batch b;
+    b.owner = *row_.parent;
+    b.items.push_back({*nid, std::nullopt, id(), req.body});
+    auto d = co_await host_.delivery().deliver(std::move(b));
     if (d) break;
     if (stopping_) {
       host_.warn("report " + nid->str() + ": " + d.error().message +

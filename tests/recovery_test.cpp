@@ -34,9 +34,11 @@ std::shared_ptr<std::atomic<int>> child_answers_its_inbox(report_fixture& f) {
 // Admits one report into the child's inbox from outside (as a shell's exit
 // does) and wakes it.
 void report_into_child(report_fixture& f, const std::string& body) {
-  std::vector<persistence::report_item> items{
-      {protocol::notification_id(protocol::mint("msg")), std::nullopt, body}};
-  REQUIRE(f.sync(f.host->deliver(session_id("child"), std::move(items))));
+  actors::delivery_batch b;
+  b.owner = session_id("child");
+  b.items.push_back(
+      {protocol::notification_id(protocol::mint("msg")), std::nullopt, std::nullopt, body});
+  REQUIRE(f.sync(f.host->delivery().deliver(std::move(b))));
 }
 
 int bodies_with(report_fixture& f, const std::string& s, const std::string& text) {

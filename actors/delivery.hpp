@@ -1,0 +1,87 @@
+#pragma once
+// The one delivery path. Every pending receipt of every kind of task (a
+// subagent's report, an owned job's notice) reaches its owner here, live or
+// at boot:
+//
+//   1. recheck: a resent receipt is handed over only while still pending (a
+//      status read or an earlier delivery may have settled it);
+//   2. owner: the owner's session is loaded; gone (or of another tenant than
+//      the receipt's scope) means nobody is owed it any more, and the receipt
+//      is dropped;
+//   3. admit: the owner's inbox admits it under its inbox id, dropping a
+//      repeat (so at-least-once delivery is seen once);
+//   4. acknowledge, by how the owner reads it:
+//      - a report is read from the parent's inbox, which is durable and is
+//        acknowledged by the drain that takes it: its receipt is acknowledged
+//        once admitted            [report.admit.after_commit, report.complete.after_commit]
+//        and the parent is woken to steer it in    [report.wake.after_tell];
+//      - a notice can still be read by its owner's status call, which keeps
+//        the drain from showing it again: a busy turn takes it steered and it
+//        is acknowledged on acceptance           [delivery.handover.after_admit,
+//                                                  delivery.ack.after_commit];
+//        an idle session is woken with a prompt and the drain that takes it
+//        acknowledges it. During recovery nobody is woken
+//        [recover.handover.after_admit]: boot's phases resume each session.
+//
+// No state of its own: the calls may run on any executor, and the sessions
+// and stores it uses are reached by message (the session's admit) or through
+// the single writer.
+#include <boost/asio/awaitable.hpp>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tether/persistence/receipt_store.hpp"
+#include "tether/persistence/report_store.hpp"
+#include "tether/runtime/actor.hpp"
+
+namespace tether::actors {
+
+using boost::asio::awaitable;
+
+class host;
+
+/// One pending receipt on its way to its owner's inbox.
+struct outbound {
+  protocol::notification_id inbox_id;  // what the owner's inbox admits it under
+  /// The receipt itself when it is keyed apart from its inbox id (a notice);
+  /// a report's receipt is found by its task's notification id.
+  std::optional<protocol::event_id> receipt;
+  std::optional<protocol::session_id> from;  // a report: the child it is from
+  std::string body;
+};
+
+struct delivery_batch {
+  enum class kind { report, notice };
+  kind what = kind::report;
+  protocol::session_id owner;
+  /// The receipt scope's tenant, checked against the owner's when given.
+  std::optional<protocol::tenant_id> tenant;
+  std::vector<outbound> items;  // one owner, one kind, in outbox order
+  /// A resend: hand over only what is still pending. A report just settled
+  /// by the caller's own transaction needs no look.
+  bool recheck = false;
+  /// Boot's recovery: a notice wakes nobody (boot's phases resume sessions).
+  bool recovering = false;
+  /// Instrumentation: called after the admit committed, once per batch.
+  std::function<void()> handed_over;
+};
+
+class delivery {
+ public:
+  delivery(host& h, persistence::report_store& reports, persistence::receipt_store& receipts)
+      : host_(h), reports_(reports), receipts_(receipts) {}
+
+  /// How many of the batch were handed over (0 if none was still owed).
+  awaitable<result<int>> deliver(delivery_batch b);
+
+ private:
+  awaitable<result<int>> drop(delivery_batch& b, const std::string& why);
+
+  host& host_;
+  persistence::report_store& reports_;
+  persistence::receipt_store& receipts_;
+};
+
+}  // namespace tether::actors
