@@ -1,0 +1,134 @@
+// The one delivery path (actors/delivery.hpp): every pending receipt of every
+// kind reaches its owner's inbox through the same recheck, owner check, admit
+// and acknowledgement, whoever resends it.
+#include <catch2/catch.hpp>
+
+#include "catch_result.hpp"
+#include "report_support.hpp"
+
+using namespace tether;
+using namespace tether::test;
+
+namespace {
+
+// An owned job of `owner` that ended, with its terminal receipt pending, as
+// the job queue's terminal compare-and-set leaves it.
+persistence::receipt ended_job(report_fixture& f, const std::string& owner,
+                               const std::string& tenant = "default") {
+  persistence::owned_job j;
+  j.id = protocol::job_id(protocol::mint("job"));
+  j.scope.tenant = protocol::tenant_id(tenant);
+  j.scope.thread = session_id(owner);
+  j.scope.turn = protocol::turn_id("turn_1");
+  j.scope.sandbox = protocol::sandbox_id("sb");
+  j.scope.generation = 1;
+  j.preview = "make test";
+  REQUIRE(f.sync(f.host->receipts().admit(j)));
+  auto won = f.sync(
+      f.host->receipts().finish(j.id, persistence::owned_state::failed, std::nullopt, "exit 2"));
+  REQUIRE(won);
+  REQUIRE(*won);
+  return std::move(**won);
+}
+
+actors::delivery_batch notice_for(const persistence::receipt& r) {
+  actors::delivery_batch b;
+  b.what = actors::delivery_batch::kind::notice;
+  b.owner = r.scope.thread;
+  b.tenant = r.scope.tenant;
+  b.recheck = true;
+  b.recovering = true;  // nobody is woken: the inbox is read as it is
+  b.items.push_back({protocol::notification_id(r.id.str()), r.id, std::nullopt, r.body});
+  return b;
+}
+
+persistence::receipt_state state_of(report_fixture& f, const protocol::event_id& id) {
+  auto r = f.host->receipts().receipt_by_id(id);
+  REQUIRE(r);
+  REQUIRE(*r);
+  return (*r)->state;
+}
+
+}  // namespace
+
+TEST_CASE("a notice resent through the delivery path is admitted once and stays owed until read",
+          "[delivery]") {
+  report_fixture f("delivery_resend");
+  REQUIRE(f.sync(f.host->create_session("owner", session_id("s"))));
+  auto r = ended_job(f, "s");
+
+  auto first = f.sync(f.host->delivery().deliver(notice_for(r)));
+  REQUIRE(first);
+  CHECK(*first == 1);
+  auto again = f.sync(f.host->delivery().deliver(notice_for(r)));
+  REQUIRE(again);
+  auto inbox = f.inbox("s");
+  REQUIRE(inbox.size() == 1);  // the repeat was dropped by its id
+  CHECK(inbox[0].nid.str() == r.id.str());
+  CHECK(inbox[0].body == "exit 2");
+  CHECK_FALSE(inbox[0].acked);
+  // Nobody took it yet: its receipt is still owed.
+  CHECK(state_of(f, r.id) == persistence::receipt_state::pending);
+}
+
+TEST_CASE("a notice whose result its owner already read is not handed over again", "[delivery]") {
+  report_fixture f("delivery_read");
+  REQUIRE(f.sync(f.host->create_session("owner", session_id("s"))));
+  auto r = ended_job(f, "s");
+  REQUIRE(f.sync(f.host->receipts().mark_read(r.id)));
+
+  auto handed = f.sync(f.host->delivery().deliver(notice_for(r)));
+  REQUIRE(handed);
+  CHECK(*handed == 0);
+  CHECK(f.inbox("s").empty());
+  CHECK(state_of(f, r.id) == persistence::receipt_state::read);
+}
+
+TEST_CASE("a notice owed to a session of another tenant, or to no session, is dropped unseen",
+          "[delivery]") {
+  report_fixture f("delivery_owner");
+  REQUIRE(f.sync(f.host->create_session("owner", session_id("s"))));
+  auto foreign = ended_job(f, "s", "tenant-evil");
+  auto orphan = ended_job(f, "nobody");
+
+  for (auto* r : {&foreign, &orphan}) {
+    auto handed = f.sync(f.host->delivery().deliver(notice_for(*r)));
+    REQUIRE(handed);
+    CHECK(*handed == 0);
+    CHECK(state_of(f, r->id) == persistence::receipt_state::dropped);
+  }
+  CHECK(f.inbox("s").empty());
+  bool named = false;
+  {
+    std::lock_guard lk(f.m);
+    for (auto& w : f.warnings) named |= w.find("another tenant") != std::string::npos;
+  }
+  CHECK(named);
+}
+
+TEST_CASE("a report delivered twice reaches its parent's inbox once and its receipt is acked",
+          "[delivery]") {
+  report_fixture f("delivery_report");
+  REQUIRE(f.sync(f.host->create_session("parent", session_id("parent"))));
+  f.write_owed_report("parent", "child");
+  auto owed = f.host->store().outstanding_jobs();
+  REQUIRE(owed);
+  REQUIRE(owed->size() == 1);
+  auto row = (*owed)[0];
+  REQUIRE(row.owed);
+  for (int i = 0; i < 2; ++i) {
+    actors::delivery_batch b;
+    b.owner = session_id("parent");
+    b.items.push_back({row.nid, std::nullopt, row.child, row.body.value_or("")});
+    auto handed = f.sync(f.host->delivery().deliver(std::move(b)));
+    REQUIRE(handed);
+  }
+  f.quiet();
+  auto inbox = f.inbox("parent");
+  REQUIRE(inbox.size() == 1);
+  CHECK(inbox[0].nid == row.nid);
+  CHECK(inbox[0].body == "owed report");
+  auto after = f.host->store().outstanding_jobs();
+  REQUIRE(after);
+  CHECK(after->empty());  // no longer owed: its terminal receipt was acknowledged
+}
