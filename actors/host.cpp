@@ -167,7 +167,15 @@ result<owner_scope> host::scope_of(const session_id& s) {
 }
 
 awaitable<result<void>> host::set_job_policy(session_id s, bool notify, std::string policy) {
-  co_return co_await store_->set_job_policy(std::move(s), notify, std::move(policy));
+  if (!is_job_policy(policy))
+    co_return error{errc::invalid, "job policy '" + policy +
+                                       "' is not one of withhold, report_now; the session's "
+                                       "policy was kept"};
+  // The session's actor owns its policy: it writes it and keeps it.
+  auto sess = co_await load(s);
+  if (!sess) co_return sess.error();
+  session_msg::set_job_policy m{notify, std::move(policy), {}};
+  co_return co_await (*sess)->ask(std::move(m));
 }
 
 void host::note_phase(const session_id& s, bool busy, bool settling, bool foreground) {

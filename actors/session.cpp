@@ -388,6 +388,13 @@ awaitable<void> session::handle(session_message& m) {
       drain_cancel_.emit(asio::cancellation_type::terminal);
       release_withhold();
     }
+  } else if (auto* jp = std::get_if<set_job_policy>(&m)) {
+    auto r = co_await host_.store().set_job_policy(id(), jp->notify, jp->policy);
+    if (r) {
+      row_.job_notify = jp->notify;
+      row_.job_policy = jp->policy;
+    }
+    jp->reply.send(std::move(r));
   } else if (auto* rv = std::get_if<set_revert>(&m)) {
     auto r = co_await host_.store().set_revert(id(), rv->staged);
     if (r) {
@@ -473,10 +480,9 @@ awaitable<void> session::pause_before_retry(int attempt) {
 awaitable<bool> session::withholding() {
   auto& q = host_.jobs();
   if (!q.turn_has_live_jobs(id(), turn_)) co_return false;
-  // The policy is read from the row each time (host::set_job_policy writes
-  // it there), off this actor's executor.
-  auto row = co_await host_.store().load_session(id());
-  co_return !row || !*row || (*row)->job_policy == "withhold";
+  // The policy is this actor's own state: set when its row was loaded and by
+  // host::set_job_policy's message, which writes it through the writer first.
+  co_return row_.job_policy == "withhold";
 }
 
 void session::start_busy_period() {

@@ -96,6 +96,14 @@ struct set_revert {
   bool staged = false;
   reply_to<void> reply;
 };
+/// host::set_job_policy: the actor writes its row's policy through the
+/// writer and keeps it, so each time a turn could settle it asks itself, not
+/// the disk.
+struct set_job_policy {
+  bool notify = true;
+  std::string policy;
+  reply_to<void> reply;
+};
 struct wait_idle {
   reply_to<void> reply;
 };
@@ -107,8 +115,8 @@ struct shutdown {
 using session_message =
     std::variant<session_msg::wake, session_msg::input, session_msg::admit, session_msg::bind_job,
                  session_msg::join_live, session_msg::joined_input, session_msg::to_background,
-                 session_msg::interrupt, session_msg::set_revert, session_msg::wait_idle,
-                 session_msg::shutdown>;
+                 session_msg::interrupt, session_msg::set_revert, session_msg::set_job_policy,
+                 session_msg::wait_idle, session_msg::shutdown>;
 
 class session : public runtime::actor<session, session_message> {
  public:
