@@ -57,9 +57,9 @@ class agent_context {
   virtual awaitable<result<session_id>> spawn_background(spawn_request req) = 0;
   /// Runs a child under a blocking tool call: returns its report inline.
   virtual awaitable<result<std::string>> spawn_foreground(spawn_request req) = 0;
-  /// Starts a background shell (a real process); returns its id. With a
-  /// sandbox configured it is an owned job of this turn (launch_job); without
-  /// one, a local shell whose exit wakes this session with a notice.
+  /// Starts a background shell (a real process); returns its job id. It is
+  /// an owned job of this turn (launch_job), in the configured sandbox or the
+  /// host's local daemon; its receipt follows the session's job policy.
   virtual awaitable<result<std::string>> start_shell(std::string command) = 0;
   /// The scope the runtime supplies for jobs this turn launches.
   virtual owner_scope scope() const = 0;

@@ -7,9 +7,17 @@
 #include <cstdio>
 #include <set>
 
+#include "tether/protocol/notice.hpp"
 #include "tether/runtime/crash_point.hpp"
+#include "tether/sandbox/client.hpp"
+#include "tether/sandbox/state_dir.hpp"
 
 namespace tether::actors {
+
+namespace {
+// A still-running label's bound (the sandbox's command preview is as long).
+constexpr std::size_t k_label_bytes = 200;
+}  // namespace
 
 using persistence::job_row;
 using persistence::job_status;
@@ -23,7 +31,14 @@ result<std::unique_ptr<host>> host::open(host_options opts) {
       return error{errc::invalid, std::string("host_options.job_policies.") + kind + " '" +
                                       *policy +
                                       "' is not one of withhold, report_now; no host was opened"};
-  if (opts.shell_dir.empty()) opts.shell_dir = opts.db_path + ".shells";
+  if (opts.jobs.sandbox_dir.empty()) {
+    // No sandbox configured: a local, unisolated daemon beside the database
+    // runs every shell as an owned job, started when the first one launches.
+    opts.jobs.sandbox_dir = sandbox::local_state_dir_for(opts.db_path);
+    opts.jobs.start_daemon = true;
+    opts.jobs.local = true;
+    if (!opts.jobs.daemon_idle_exit) opts.jobs.daemon_idle_exit = std::chrono::seconds(60);
+  }
   std::unique_ptr<host> h(new host(opts));
   persistence::db_options dbo;
   dbo.path = opts.db_path;
@@ -37,22 +52,18 @@ result<std::unique_ptr<host>> host::open(host_options opts) {
   h->receipts_ = std::make_unique<persistence::receipt_store>(*h->writer_, opts.db_path);
   h->delivery_ = std::make_unique<actors::delivery>(*h, *h->store_, *h->receipts_);
   h->jobs_ = std::make_unique<job_queue>(h->pool_->at(0), *h, *h->receipts_, opts.jobs);
-  h->shells_ = std::make_unique<shell_runner>(
-      h->pool_->at(0), opts.shell_dir,
-      [hp = h.get()](const shell_info& s, const std::string& notice) {
-        hp->shell_exited(s, notice);
-      });
   return h;
 }
 
 host::host(host_options opts)
-    : opts_(std::move(opts)), pool_(std::make_unique<runtime::executor_pool>(opts_.threads)) {}
+    : opts_(std::move(opts)),
+      pool_(std::make_unique<runtime::executor_pool>(opts_.threads)),
+      label_scrub_(protocol::scrub_rules::from_env(sandbox::current_environment())) {}
 
 host::~host() {
   shutdown();
   // Frames still queued on the executors die with them; they may touch this
   // host (activity counters), so the executors go while every member lives.
-  shells_.reset();
   // The queue's connections before the executors they were opened on.
   jobs_.reset();
   pool_.reset();
@@ -69,13 +80,13 @@ std::int64_t host::next_generation() {
   return ++generation_;
 }
 
-void host::activity(int delta, bool shell) {
+void host::activity(int delta, bool job) {
   std::vector<std::shared_ptr<runtime::one_shot<int>>> ready;
   {
     std::lock_guard lk(activity_m_);
-    (shell ? shells_active_ : active_) += delta;
+    (job ? jobs_active_ : active_) += delta;
     for (auto it = quiescent_waiters_.begin(); it != quiescent_waiters_.end();) {
-      if (active_ == 0 && (!it->shells || shells_active_ == 0)) {
+      if (active_ == 0 && (!it->jobs || jobs_active_ == 0)) {
         ready.push_back(it->done);
         it = quiescent_waiters_.erase(it);
       } else {
@@ -91,12 +102,12 @@ void host::wake(session& s, wake_scope scope, bool report, bool admitted_here) {
   if (!s.tell(session_msg::wake{scope, report, true, admitted_here})) activity(-1);
 }
 
-awaitable<void> host::wait_quiescent(bool shells) {
+awaitable<void> host::wait_quiescent(bool jobs) {
   auto w = runtime::one_shot<int>::make();
   {
     std::lock_guard lk(activity_m_);
-    if (active_ == 0 && (!shells || shells_active_ == 0)) co_return;
-    quiescent_waiters_.push_back({w, shells});
+    if (active_ == 0 && (!jobs || jobs_active_ == 0)) co_return;
+    quiescent_waiters_.push_back({w, jobs});
   }
   co_await w->async_wait(asio::use_awaitable);
 }
@@ -193,12 +204,7 @@ void host::note_child(const session_id& parent, const session_id& child) {
 }
 
 std::vector<protocol::running_item> host::outstanding(const session_id& s) {
-  std::vector<protocol::running_item> shells, subagents;
-  std::vector<shell_info> running_shells;
-  {
-    std::lock_guard lk(shells_m_);
-    for (auto& [id, info] : shell_table_) running_shells.push_back(info);
-  }
+  std::vector<protocol::running_item> jobs, subagents;
   std::lock_guard lk(m_);
   std::set<session_id> under;
   std::vector<session_id> stack{s};
@@ -213,17 +219,17 @@ std::vector<protocol::running_item> host::outstanding(const session_id& s) {
       // Settling, cancelled or foreground-blocking descendants are not listed.
       if (ci != directory_.end() && ci->second.busy && !ci->second.settling &&
           !ci->second.foreground)
-        subagents.push_back({"subagent", ci->second.agent + ", sessionID: " + c.str(),
-                             shells_->label(ci->second.description)});
+        subagents.push_back(
+            {"subagent", ci->second.agent + ", sessionID: " + c.str(),
+             protocol::make_preview(label_scrub_.scrub(ci->second.description), k_label_bytes)
+                 .text});
       stack.push_back(c);
     }
   }
-  for (auto& sh : running_shells)
-    if (under.count(sh.owner)) shells.push_back({"shell", sh.id, shells_->label(sh.command)});
   for (auto& u : under)
-    for (auto& j : jobs_->running(u)) shells.push_back(std::move(j));
-  shells.insert(shells.end(), subagents.begin(), subagents.end());
-  return shells;
+    for (auto& j : jobs_->running(u)) jobs.push_back(std::move(j));
+  jobs.insert(jobs.end(), subagents.begin(), subagents.end());
+  return jobs;
 }
 
 awaitable<result<session_id>> host::create_session(std::string description,
@@ -279,60 +285,6 @@ awaitable<result<void>> host::wait_idle(session_id s) {
   if (!sess) co_return sess.error();
   session_msg::wait_idle m;
   co_return co_await (*sess)->ask(std::move(m));
-}
-
-awaitable<result<std::string>> host::start_shell(session_id owner, std::string command) {
-  shell_info s;
-  s.id = protocol::mint("sh");
-  s.owner = owner;
-  s.command = command;
-  // Ownership is on disk before the process exists.
-  job_row row;
-  row.id = protocol::job_id(s.id);
-  row.nid = notification_id(s.id);
-  row.kind = "shell";
-  row.child = owner;
-  row.description = command;
-  auto w = co_await store_->write_job(std::move(row));
-  if (!w) co_return w.error();
-  TETHER_CRASH_POINT("shell.after_register");
-  activity(+1, true);
-  {
-    std::lock_guard lk(shells_m_);
-    shell_table_[s.id] = s;
-  }
-  auto started = shells_->start(s);
-  if (!started) {
-    {
-      std::lock_guard lk(shells_m_);
-      shell_table_.erase(s.id);
-    }
-    auto notice = shells_->render_failed_start(s, started.error().message);
-    auto id = s.id;
-    asio::co_spawn(pool_->at(0), finish_shell(std::move(s), std::move(notice)), asio::detached);
-    co_return started.error();
-  }
-  co_return s.id;
-}
-
-void host::shell_exited(const shell_info& s, const std::string& notice) {
-  if (shutting_down()) return;
-  asio::co_spawn(pool_->at(0), finish_shell(s, notice), asio::detached);
-}
-
-awaitable<void> host::finish_shell(shell_info s, std::string notice) {
-  auto r = co_await store_->finish_shell(notification_id(s.id), s.owner, std::move(notice));
-  {
-    std::lock_guard lk(shells_m_);
-    shell_table_.erase(s.id);
-  }
-  if (!r) {
-    warn("shell " + s.id + ": its notice was not written: " + r.error().message);
-  } else {
-    TETHER_CRASH_POINT("shell.after_finish");
-    if (auto o = co_await load(s.owner)) wake(**o, wake_scope::input, true);
-  }
-  activity(-1, true);
 }
 
 awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
@@ -536,17 +488,7 @@ awaitable<result<boot_report>> host::boot() {
   // many rows it owes.
   std::set<session_id> children_with_jobs;
   std::map<session_id, result<int>> resumes;  // the child's count after this boot's bump
-  // Shells are watched again only after phases 2 and 3: a shell that exited
-  // while the host was down would otherwise wake its owner now, and the busy
-  // period it begins would look like a crashed claim to phase 3, which would
-  // release it (and a crash before its settle would lose its report).
-  std::vector<shell_info> shells_to_reattach;
   for (auto& row : *jobs) {
-    if (row.kind == "shell") {
-      if (!row.child) continue;
-      shells_to_reattach.push_back({row.id.str(), *row.child, row.description, -1});
-      continue;
-    }
     if (row.status != job_status::running) {
       if (!row.owed) continue;  // delivered or dropped: nothing owed
       if (!row.parent) {
@@ -677,16 +619,10 @@ awaitable<result<boot_report>> host::boot() {
       (phase == 2 ? rep.resumed_top : rep.resumed_children)++;
     }
   }
-  // Only now may a shell or a job followed since recovery wake its session.
-  for (auto& s : shells_to_reattach) {
-    activity(+1, true);
-    {
-      std::lock_guard lk(shells_m_);
-      shell_table_[s.id] = s;
-    }
-    shells_->reattach(s);
-    ++rep.shells_reattached;
-  }
+  // Only now may a job followed since recovery wake its session: a job that
+  // ended while the host was down would otherwise wake its owner now, and the
+  // busy period it begins would look like a crashed claim to phase 3, which
+  // would release it (and a crash before its settle would lose its report).
   jobs_->sessions_resumed();
   std::lock_guard lk(*rep_m);
   co_return rep;
@@ -708,7 +644,6 @@ void host::shutdown() {
       warn(std::string("shutdown: job queue: ") + e.what());
     }
   }
-  if (shells_) shells_->stop();
   std::vector<std::shared_ptr<session>> all;
   {
     std::lock_guard lk(m_);

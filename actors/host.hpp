@@ -1,6 +1,7 @@
 #pragma once
 // The host: owns the executors, the single writer, the session actors and the
-// background shells, boots from disk in three phases, and delivers reports.
+// job queue (every background shell is an owned job of it), boots from disk
+// in three phases, and delivers reports.
 //
 // A report's path after its settle commit (crash points in brackets), by the
 // one delivery path (actors/delivery.hpp):
@@ -23,9 +24,9 @@
 #include "tether/actors/delivery.hpp"
 #include "tether/actors/job_queue.hpp"
 #include "tether/actors/session.hpp"
-#include "tether/actors/shell.hpp"
 #include "tether/persistence/report_store.hpp"
 #include "tether/persistence/writer.hpp"
+#include "tether/protocol/scrub.hpp"
 #include "tether/runtime/executor_pool.hpp"
 #include "tether/runtime/sync_wait.hpp"
 
@@ -59,8 +60,12 @@ struct host_options {
   int resume_budget = 3;         // resumes of a child before its job reports an error
   std::shared_ptr<agent_factory> agents;
   std::shared_ptr<run_observer> observer;  // optional
-  std::string shell_dir;  // shell output and status files; default <db_path>.shells
-  /// Owned background jobs: the sandbox they run in and its routes.
+  /// Owned background jobs (every shell a turn starts): the sandbox they run
+  /// in and its routes. With no `jobs.sandbox_dir` the host runs them in a
+  /// local, unisolated tether-sandboxd in <db_path>.sandbox (or, for a long
+  /// path, sandbox::local_state_dir_for's fallback), started on
+  /// demand (detached, so a restarted host finds its jobs again) and leaving
+  /// by itself once idle (`jobs.daemon_idle_exit`, default 60 s).
   job_queue_options jobs;
   /// The job policy of a session at its creation (each one "withhold" or
   /// "report_now"; anything else and no host is opened).
@@ -76,9 +81,7 @@ struct boot_report {
   int exhausted = 0;         // running rows whose child ran out of resumes
   int resumed_top = 0;       // phase 2
   int resumed_children = 0;  // phase 3
-  int shells_reattached = 0;
-  int shells_finished = 0;
-  recovery_report jobs;  // owned jobs: reattached, settled while down, lost, receipts resent
+  recovery_report jobs;      // owned jobs: reattached, settled while down, lost, receipts resent
   std::vector<std::string> warnings;
 };
 
@@ -110,8 +113,8 @@ class host {
   /// Resolves once the session is idle (after its settle).
   awaitable<result<void>> wait_idle(session_id s);
   /// Resolves once nothing runs: no busy period, wake or delivery in flight,
-  /// and (unless `shells` is false) no background shell.
-  awaitable<void> wait_quiescent(bool shells = true);
+  /// and (unless `jobs` is false) no owned job live or its receipt in flight.
+  awaitable<void> wait_quiescent(bool jobs = true);
 
   /// Graceful shutdown: keeps claims and running rows, sends no cancelled
   /// report. Idempotent.
@@ -130,10 +133,6 @@ class host {
   /// subagent alike; it wins over the default the session was created with.
   awaitable<result<void>> set_job_policy(session_id s, bool notify, std::string policy);
   bool is_busy(const session_id& s);
-  std::size_t running_shells() {
-    std::lock_guard lk(shells_m_);
-    return shell_table_.size();
-  }
   runtime::executor_pool& pool() { return *pool_; }
   const host_options& options() const { return opts_; }
   run_observer* observer() const { return opts_.observer.get(); }
@@ -147,13 +146,14 @@ class host {
   /// The one delivery path (actors/delivery.hpp): every pending receipt of
   /// every kind, live and at boot.
   actors::delivery& delivery() { return *delivery_; }
-  /// Shells and subagents still running under `s` (its own shells included).
+  /// Owned jobs and subagents still running under `s` (its own jobs included).
   std::vector<protocol::running_item> outstanding(const session_id& s);
   void note_phase(const session_id& s, bool busy, bool settling, bool foreground);
   void note_child(const session_id& parent, const session_id& child);
-  awaitable<result<std::string>> start_shell(session_id owner, std::string command);
   std::int64_t next_generation();
-  void activity(int delta, bool shell = false);
+  /// Counts work in flight for wait_quiescent: a session's (busy period,
+  /// wake), or with `job` the job queue's (a live job, a receipt handed over).
+  void activity(int delta, bool job = false);
   /// Tells `s` to wake; counted as activity until handled, so quiescence
   /// cannot be observed while a wake is in a mailbox.
   /// `admitted_here`: the report went through the session's admit, so a wake
@@ -168,8 +168,6 @@ class host {
   result<std::shared_ptr<session>> adopt(const session_id& s,
                                          result<std::optional<persistence::session_row>> row);
   explicit host(host_options opts);
-  void shell_exited(const shell_info& s, const std::string& notice);
-  awaitable<void> finish_shell(shell_info s, std::string notice);
   /// Boot's deliverSafe: one parent's owed reports in order, in chunks; a
   /// failure keeps the rows and never aborts the sweep.
   awaitable<void> deliver_owed(session_id parent, std::vector<persistence::job_row> rows,
@@ -196,7 +194,6 @@ class host {
   std::unique_ptr<runtime::executor_pool> pool_;
   std::unique_ptr<persistence::writer> writer_;
   std::unique_ptr<persistence::report_store> store_;
-  std::unique_ptr<shell_runner> shells_;
   std::unique_ptr<persistence::receipt_store> receipts_;
   std::unique_ptr<actors::delivery> delivery_;
   std::unique_ptr<job_queue> jobs_;
@@ -206,16 +203,16 @@ class host {
   bool closed_ = false;  // under m_: shutdown took its snapshot
   std::map<session_id, session_info> directory_;
   std::atomic<std::int64_t> generation_{0};
-
-  std::mutex shells_m_;
-  std::map<std::string, shell_info> shell_table_;
+  /// Scrubs still-running labels (a subagent's description) with the rules
+  /// of the host's environment.
+  protocol::scrubber label_scrub_;
 
   std::mutex activity_m_;
   long active_ = 0;
-  long shells_active_ = 0;
+  long jobs_active_ = 0;
   struct quiet_waiter {
     std::shared_ptr<runtime::one_shot<int>> done;
-    bool shells;
+    bool jobs;
   };
   std::vector<quiet_waiter> quiescent_waiters_;
   std::atomic<bool> shutting_down_{false};

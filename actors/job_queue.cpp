@@ -275,6 +275,7 @@ awaitable<result<void>> job_queue::open_route_once() {
     sandbox::daemon_options d;
     d.state_dir = opts_.sandbox_dir;
     d.binary = opts_.daemon_binary;
+    d.idle_exit = opts_.daemon_idle_exit;
     auto ready = runtime::one_shot<result<sandbox::daemon_handle>>::make();
     std::thread([d, ready] { ready->set(sandbox::ensure_daemon(d)); }).detach();
     auto h = co_await ready->async_wait(asio::use_awaitable);
@@ -915,6 +916,24 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   auto pending = co_await store_.offload(std::move(read_pending));
   if (!pending) co_return refuse(pending.error());
 
+  // The host's own local daemon (no sandbox configured) is part of this
+  // host: when none answers (the machine restarted, or it was killed), it is
+  // started again on its state directory, whose records say how each job
+  // ended (a job that was running when it died ends with status -1). It runs
+  // nothing new for recovery; a configured sandbox is never started here.
+  if (opts_.local && opts_.start_daemon && !live->empty()) {
+    sandbox::daemon_options d;
+    d.state_dir = opts_.sandbox_dir;
+    d.binary = opts_.daemon_binary;
+    d.idle_exit = opts_.daemon_idle_exit;
+    auto ready = runtime::one_shot<result<sandbox::daemon_handle>>::make();
+    std::thread([d, ready] { ready->set(sandbox::ensure_daemon(d)); }).detach();
+    auto started = co_await ready->async_wait(asio::use_awaitable);
+    if (!started)
+      co_return refuse(error{started.error().code,
+                             "the local sandbox daemon in " + opts_.sandbox_dir +
+                                 " could not be started (" + started.error().message + ")"});
+  }
   // Every recorded owner must be recovered on its own sandbox generation,
   // through a read-only connection that cannot start anything.
   std::unique_ptr<sandbox::client> ro;
@@ -944,6 +963,10 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
       ro = std::move(*c);
     }
     auto& h = ro->hello();
+    // A local daemon's directory that answers as another sandbox lost the
+    // one the job ran on (its identity and records are gone with it): the
+    // daemon does not know the job, and below it ends `lost`, not run again.
+    if (opts_.local) continue;
     if (h.sandbox != j.scope.sandbox || h.generation != j.scope.generation)
       co_return stop("ran on sandbox '" + j.scope.sandbox.str() + "' generation " +
                      std::to_string(j.scope.generation) + ", but the daemon there is sandbox '" +

@@ -33,6 +33,7 @@
 // sandbox client live there); public calls hop onto it. The set of live jobs
 // and the revision are also readable from other threads.
 #include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <set>
@@ -56,7 +57,16 @@ struct job_queue_options {
   /// Starts a daemon there if none serves it (only after recovery found no
   /// outstanding owner there, or there was none). Tests start their own.
   bool start_daemon = true;
-  std::string daemon_binary;  // empty: next to the running executable
+  /// Empty: $TETHER_SANDBOXD if set, else tether-sandboxd next to the running executable.
+  std::string daemon_binary;
+  /// The sandbox is the host's own local daemon (no sandbox was configured):
+  /// recovery starts it again when none answers, and a job its directory no
+  /// longer knows (another identity there now) ends `lost` instead of
+  /// stopping boot. Set by host::open.
+  bool local = false;
+  /// A daemon this queue starts exits after this long with no connection and
+  /// no job (--idle-exit-ms); unset: never. The host's local daemon sets it.
+  std::optional<std::chrono::milliseconds> daemon_idle_exit;
   /// Optional adapter route onto the same sandbox, and its fallback threshold.
   std::function<awaitable<result<std::shared_ptr<command_route>>>(std::string socket)> adapter;
   int adapter_failures = 3;

@@ -59,16 +59,13 @@ class session::context : public agent_context {
   }
 
   awaitable<result<std::string>> start_shell(std::string command) override {
-    // With a sandbox, a shell is an owned job of this turn: one queue owns
-    // every background command. Local shells serve hosts without one.
-    if (!s_->host_.options().jobs.sandbox_dir.empty()) {
-      launch_request req;
-      req.command = std::move(command);
-      auto id = co_await launch_job(std::move(req));
-      if (!id) co_return id.error();
-      co_return id->str();
-    }
-    co_return co_await s_->host_.start_shell(s_->id(), std::move(command));
+    // A shell is an owned job of this turn: one queue owns every background
+    // command (a host with no sandbox configured runs a local daemon).
+    launch_request req;
+    req.command = std::move(command);
+    auto id = co_await launch_job(std::move(req));
+    if (!id) co_return id.error();
+    co_return id->str();
   }
 
   owner_scope scope() const override {
@@ -271,7 +268,7 @@ awaitable<void> session::handle(session_message& m) {
   if (auto* w = std::get_if<wake>(&m)) {
     bool stale = w->admitted_here && !inbox_dirty_;  // a drain already took it
     if (w->report && !w->admitted_here)
-      inbox_dirty_ = true;  // e.g. a shell notice written beside the actor
+      inbox_dirty_ = true;  // e.g. a job notice admitted beside the actor
     // A report admitted while a revert is staged waits for the revert.
     if (!stale && !(w->report && row_.revert_staged)) {
       this->ring(w->scope);

@@ -107,6 +107,9 @@ const row_check k_row_checks[] = {
     {"tasks", "id", "generation", TETHER_NOT_UINT("generation"), "not a non-negative integer"},
     {"tasks", "id", "child_id", "kind = 'local_shell' AND child_id IS NULL",
      "missing on a local shell row"},
+    {"tasks", "id", "state", "kind = 'local_shell' AND state IN ('admitted','running')",
+     "a local shell still running (this build runs none: schema step 6 settled every one as "
+     "lost)"},
     {"tasks", "id", "child_id", "kind = 'subagent' AND state = 'running' AND child_id IS NULL",
      "missing on a running subagent row"},
     {"tasks", "id", "payload",

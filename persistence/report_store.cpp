@@ -30,10 +30,6 @@ std::string task_state_word(job_status s) {
   return s == job_status::error ? "failed" : std::string(to_string(s));
 }
 
-std::string task_kind_word(const std::string& kind) {
-  return kind == "shell" ? "local_shell" : kind;
-}
-
 namespace {
 
 void bind_opt(SQLite::Statement& st, int i, const std::optional<session_id>& v) {
@@ -96,7 +92,7 @@ void insert_job(SQLite::Database& db, const job_row& r) {
   auto now = now_ms();
   st.bind(1, r.id.str());
   st.bind(2, r.nid.str());
-  st.bind(3, task_kind_word(r.kind));
+  st.bind(3, r.kind);
   st.bind(4, r.mode);
   bind_opt(st, 5, r.parent);
   bind_opt(st, 6, r.child);
@@ -318,7 +314,6 @@ result<job_row> decode_job(SQLite::Statement& q) {
   r.id = job_id(q.getColumn(0).getString());
   r.nid = notification_id(q.getColumn(1).getString());
   r.kind = q.getColumn(2).getString();
-  if (r.kind == "local_shell") r.kind = "shell";
   r.mode = q.getColumn(3).getString();
   if (auto p = opt_text(q.getColumn(4))) r.parent = session_id(*p);
   if (auto c = opt_text(q.getColumn(5))) r.child = session_id(*c);
@@ -326,7 +321,7 @@ result<job_row> decode_job(SQLite::Statement& q) {
   auto status = q.getColumn(7).getString();
   r.body = opt_text(q.getColumn(8));
   const auto& key = r.id.str();
-  if (r.kind != "subagent" && r.kind != "shell")
+  if (r.kind != "subagent")
     return corrupt_row("tasks", key, "kind: unknown value '" + r.kind + "'");
   if (r.mode != "background" && r.mode != "none")
     return corrupt_row("tasks", key, "mode: unknown value '" + r.mode + "'");
@@ -669,23 +664,6 @@ awaitable<result<void>> report_store::write_job(job_row row) {
   co_return co_await w_.write(std::move(name), 128, std::move(fn));
 }
 
-awaitable<result<bool>> report_store::finish_shell(notification_id nid, session_id owner,
-                                                   std::string body) {
-  auto name = "finish shell " + nid.str();
-  std::size_t bytes = body.size() + 96;
-  auto fn = [nid = std::move(nid), owner = std::move(owner),
-             body = std::move(body)](SQLite::Database& db) {
-    // An owner that is gone admits nothing; the shell's row goes either way.
-    std::vector<report_item> notice{{nid, std::nullopt, body}};
-    auto admitted = admit_in_tx(db, owner, notice);
-    auto& del = cached_statement(db, "DELETE FROM tasks WHERE notification_id = ?");
-    del.bind(1, nid.str());
-    del.exec();
-    return admitted && admitted->front();
-  };
-  co_return co_await w_.write(std::move(name), bytes, std::move(fn));
-}
-
 // --- reads ---
 
 result<std::optional<session_row>> report_reader::session(const session_id& s) {
@@ -746,14 +724,14 @@ result<std::vector<job_row>> read_jobs(reader_pool& readers, const char* where) 
 }  // namespace
 
 result<std::vector<job_row>> report_reader::jobs() {
-  return read_jobs(readers_, "kind NOT IN ('shell')");
+  return read_jobs(readers_, "kind = 'subagent'");
 }
 
 result<std::vector<job_row>> report_reader::outstanding_jobs() {
   // Running rows (tasks_live) and rows whose terminal receipt is pending
   // (receipts_pending): boot's work, without the delivered history.
   return read_jobs(readers_,
-                   "kind NOT IN ('shell') AND (state IN ('admitted', 'running') OR id IN "
+                   "kind = 'subagent' AND (state IN ('admitted', 'running') OR id IN "
                    "(SELECT task_id FROM receipts WHERE state = 'pending' AND "
                    "transition != 'started'))");
 }

@@ -52,23 +52,21 @@ struct message_row {
 
 enum class job_status { running, completed, error, cancelled };
 std::string_view to_string(job_status s);
-/// The task store's words for a report-path row (persistence/schema.cpp,
-/// step 4): its state in the one state vocabulary of every task (an errored
-/// row is `failed`), and its kind (a local shell is `local_shell`).
+/// The task store's word for a report-path row's state (persistence/schema.cpp,
+/// step 4), in the one state vocabulary of every task (an errored row is `failed`).
 std::string task_state_word(job_status s);
-std::string task_kind_word(const std::string& kind);
 
 struct job_row {
   job_id id;
   notification_id nid;
-  std::string kind = "subagent";  // subagent | shell
+  std::string kind = "subagent";
   std::string mode = "background";
   std::optional<session_id> parent;  // who is owed the report
-  std::optional<session_id> child;   // whose busy period it reports (or who owns the shell)
+  std::optional<session_id> child;   // whose busy period it reports
   std::int64_t generation = 0;
   job_status status = job_status::running;
   std::optional<std::string> body;  // the rendered report, once terminal
-  std::string description;          // subagent description or shell command
+  std::string description;          // the subagent's description
   /// Terminal with its terminal receipt pending: the report is owed to the
   /// parent. A delivered (or dropped) report's row stays, terminal, not owed.
   bool owed = false;
@@ -121,7 +119,7 @@ class report_reader {
   /// session(), read off the caller's executor (offload): how an actor reads a row.
   awaitable<result<std::optional<session_row>>> load_session(session_id s);
   result<std::vector<session_row>> sessions();
-  /// Every subagent and local shell task, delivered ones included, oldest first.
+  /// Every subagent task, delivered ones included, oldest first.
   result<std::vector<job_row>> jobs();
   /// The ones boot has work for: running, or owing their report.
   result<std::vector<job_row>> outstanding_jobs();
@@ -209,8 +207,6 @@ class report_store : public report_reader {
   awaitable<result<void>> set_job_policy(session_id s, bool notify, std::string policy);
   awaitable<result<int>> bump_resume(session_id s);
   awaitable<result<void>> write_job(job_row row);
-  /// A shell exited: its notice enters the owner's inbox and its row goes.
-  awaitable<result<bool>> finish_shell(notification_id nid, session_id owner, std::string body);
 
  private:
   writer& w_;

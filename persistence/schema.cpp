@@ -139,7 +139,7 @@ CREATE INDEX inbox_order ON inbox(session_id, admitted_ord);
       R"sql(
 CREATE TABLE tasks (
   id              TEXT PRIMARY KEY,
-  kind            TEXT NOT NULL,        -- subagent | local_shell | shell (room for delegate, cron_run, sop_run)
+  kind            TEXT NOT NULL,        -- subagent | local_shell (history since step 6) | shell (room for delegate, cron_run, sop_run)
   state           TEXT NOT NULL,        -- admitted | running | completed | failed | cancelled | lost | timed_out
   tenant          TEXT,                 -- the owner scope's columns, for kinds launched under a scope (shell)
   thread          TEXT,
@@ -198,7 +198,34 @@ INSERT OR IGNORE INTO receipts (id, task_id, transition, scope, body, state, cre
   WHERE t.kind = 'subagent' AND t.state IN ('completed', 'failed', 'cancelled')
     AND NOT EXISTS (SELECT 1 FROM receipts r WHERE r.task_id = t.id AND r.transition != 'started');
 )sql",
-      // 6: tasks and receipts stay after delivery now, so every b-tree a
+      // 6: no local shells. A host without a configured sandbox now runs its
+      // shells as owned jobs of a local daemon; the previous build ran them
+      // itself (`local_shell` rows, deleted once their notice was admitted).
+      // A row still running here belongs to a process this build cannot
+      // follow (it never wrote a result anywhere this build reads), so it
+      // becomes `lost` and its owner gets one notice saying so, admitted into
+      // its inbox under the shell's id (the id its notice would have had: a
+      // repeat is dropped by the inbox's key) in the same transaction, after
+      // everything admitted before; boot wakes the owner for it. The notice
+      // is fixed text and the minted id only: the command, never scrubbed on
+      // disk, is left out. A notice already admitted stays in the inbox and is
+      // drained as before; an owner that is gone admits nothing.
+      R"sql(
+INSERT OR IGNORE INTO inbox (session_id, notification_id, from_session, body, admitted_seq,
+                             admitted_at, admitted_ord)
+  SELECT t.child_id, t.notification_id, NULL,
+         '[tether] background job ' || t.id || ' ended with unknown status' || char(10) ||
+           'status: exit -1 (unknown: it ran as a local shell under a previous build of tether, ' ||
+           'which did not keep its result; it was not run again)' || char(10),
+         s.seq, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER),
+         (SELECT coalesce(max(i.admitted_ord), 0) FROM inbox i WHERE i.session_id = t.child_id) +
+           row_number() OVER (PARTITION BY t.child_id ORDER BY t.created_at, t.id)
+  FROM tasks t JOIN sessions s ON s.id = t.child_id
+  WHERE t.kind = 'local_shell' AND t.state IN ('admitted', 'running');
+UPDATE tasks SET state = 'lost', updated_at = CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)
+  WHERE kind = 'local_shell' AND state IN ('admitted', 'running');
+)sql",
+      // 7: tasks and receipts stay after delivery now, so every b-tree a
       // settle writes grows with history and costs pages in each commit.
       // Both tables become WITHOUT ROWID (their text key is the only key:
       // one b-tree fewer per row), the index by child keeps only running

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -86,8 +87,11 @@ result<daemon_handle> ensure_daemon(const daemon_options& o) {
       return h;
     }
   }
-  std::string bin =
-      o.binary.empty() ? (fs::path(self_dir()) / "tether-sandboxd").string() : o.binary;
+  std::string bin = o.binary;
+  if (bin.empty()) {
+    const char* env = std::getenv("TETHER_SANDBOXD");
+    bin = env && *env ? env : (fs::path(self_dir()) / "tether-sandboxd").string();
+  }
   if (::access(bin.c_str(), X_OK) != 0)
     return error{errc::not_found, "tether-sandboxd not found at " + bin + " (" +
                                       std::strerror(errno) + "); nothing was started"};
@@ -210,4 +214,25 @@ result<void> stop_daemon(const daemon_handle& h) {
   ::close(fd);
   return {};
 }
+
+result<bool> stop_daemon_in(const std::string& state_dir) {
+  auto lock = (fs::path(state_dir) / "lock").string();
+  int fd = ::open(lock.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return false;  // no daemon ever served it
+  // The daemon holds an exclusive flock for its life: a shared one taken
+  // here means nobody serves the directory (and a stale pid is never signalled).
+  bool free = ::flock(fd, LOCK_SH | LOCK_NB) == 0;
+  ::close(fd);
+  if (free) return false;
+  daemon_handle h;
+  h.pid = lock_holder(state_dir);
+  if (h.pid <= 0)
+    return error{errc::corrupt, "the daemon serving " + state_dir +
+                                    " holds its lock but the lock file names no pid; nothing "
+                                    "was stopped"};
+  auto r = stop_daemon(h);
+  if (!r) return r.error();
+  return true;
+}
+
 }  // namespace tether::sandbox

@@ -14,7 +14,8 @@ namespace tether::sandbox {
 
 struct daemon_options {
   std::string state_dir;
-  std::string binary;      // empty: tether-sandboxd next to the running executable
+  std::string
+      binary;  // empty: $TETHER_SANDBOXD, else tether-sandboxd next to the running executable
   std::string sandbox_id;  // empty: minted on first start
   bool replace = false;    // bump the generation (fails if a daemon is running)
   std::optional<std::chrono::milliseconds> grace, kill_wait, idle_exit;
@@ -39,6 +40,11 @@ result<daemon_handle> ensure_daemon(const daemon_options& o);
 /// SIGTERM to the daemon, then waits for it to exit (waitpid or pidfd). For
 /// our own child, an exit other than status 0 is an error.
 result<void> stop_daemon(const daemon_handle& h);
+
+/// Stops the daemon serving `state_dir`, whoever started it (a host's local
+/// daemon is detached): SIGTERM, then waits for it to exit. False when none
+/// serves it. Its running jobs are killed; the next boot finds them lost.
+result<bool> stop_daemon_in(const std::string& state_dir);
 
 /// The directory of the running executable (/proc/self/exe).
 std::string self_dir();

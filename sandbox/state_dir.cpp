@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +16,23 @@
 namespace tether::sandbox {
 
 namespace fs = std::filesystem;
+
+std::string local_state_dir_for(const std::string& db_path) {
+  std::string beside = db_path + ".sandbox";
+  if (socket_path_for(beside).size() < sizeof(sockaddr_un::sun_path)) return beside;
+  // FNV-1a of the absolute path: the same database always finds the same directory.
+  std::error_code ec;
+  auto abs = fs::absolute(db_path, ec).lexically_normal().string();
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : abs) h = (h ^ c) * 1099511628211ull;
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx.sandbox", static_cast<unsigned long long>(h));
+  const char* home = std::getenv("HOME");
+  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+  if (home && *home) return (fs::path(home) / ".tether" / "local" / name).string();
+  if (runtime && *runtime) return (fs::path(runtime) / "tether-local" / name).string();
+  return beside;  // its socket path is too long: the launch says so
+}
 
 std::string socket_path_for(const std::string& state_dir) {
   return (fs::path(state_dir) / "sock").string();

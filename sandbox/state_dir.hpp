@@ -11,6 +11,13 @@ namespace tether::sandbox {
 /// The daemon's Unix socket in `state_dir`.
 std::string socket_path_for(const std::string& state_dir);
 
+/// The state directory of a host's local daemon (a host with no sandbox
+/// configured): `<db_path>.sandbox`, unless its socket path would be too long
+/// for a Unix socket; then $HOME/.tether/local/<hash of the absolute
+/// db_path>.sandbox (else under $XDG_RUNTIME_DIR/tether-local), never a
+/// shared directory. The same database always gets the same directory.
+std::string local_state_dir_for(const std::string& db_path);
+
 /// $TETHER_SANDBOX_DIR, else $HOME/.tether/sandbox, else $XDG_RUNTIME_DIR/tether-sandbox;
 /// with none of them set, an error saying what to set (never a shared directory like /tmp).
 result<std::string> default_state_dir();

@@ -210,9 +210,16 @@ result<expectation::text_op> text_op(line_reader& r) {
 }
 
 const std::vector<const char*>& boot_fields() {
-  static const std::vector<const char*> f = {
-      "delivered",        "cleared",           "kept",           "exhausted", "resumed_top",
-      "resumed_children", "shells_reattached", "shells_finished"};
+  static const std::vector<const char*> f = {"delivered",
+                                             "cleared",
+                                             "kept",
+                                             "exhausted",
+                                             "resumed_top",
+                                             "resumed_children",
+                                             "jobs_reattached",
+                                             "jobs_finished_while_down",
+                                             "jobs_lost",
+                                             "jobs_redelivered"};
   return f;
 }
 
@@ -646,10 +653,6 @@ result<void> check_names(script& s) {
       if (a.what == action::kind::spawn || a.what == action::kind::fork) sessions.insert(a.target);
       if (a.what == action::kind::shell) gates.insert(a.text);
       if (a.what == action::kind::job) {
-        if (!s.sandbox)
-          return error{errc::invalid, where(t.line) +
-                                          "on: a job needs a sandbox (add a `sandbox` line to "
-                                          "the file)"};
         for (auto& g : job_gates(a.text)) gates.insert(g);
         if (!a.target.empty() && !jobs.insert(a.target).second)
           return error{errc::invalid, where(t.line) + "on: a job named '" + a.target +
@@ -1126,13 +1129,14 @@ class runner {
     // `env` lines: the host's environment is every command's (a launch
     // passes none of its own), and the sandbox scrubs their secret values.
     for (auto& [name, value] : s_.env) ::setenv(name.c_str(), value.c_str(), 1);
-    if (s_.sandbox) {
-      fs::create_directories(dir_ / "work", ec);
-      if (ec) return fail_setup("cannot create " + (dir_ / "work").string() + ": " + ec.message());
-      // Only the process that owns the gates starts the daemon (as its own
-      // child); a crash segment's host connects to it.
-      if (own_gates && !start_sandbox()) return false;
-    }
+    // Every scenario's shells and jobs run in a real sandbox daemon, started
+    // here before the host opens rather than by the host on demand: the daemon
+    // is this process's child, stopped (and reaped) when the scenario ends, so
+    // no daemon outlives a run and nothing waits on an idle exit. Only the
+    // process that owns the gates starts it; a crash segment's host connects.
+    fs::create_directories(dir_ / "work", ec);
+    if (ec) return fail_setup("cannot create " + (dir_ / "work").string() + ": " + ec.message());
+    if (own_gates && !start_sandbox()) return false;
     return true;
   }
 
@@ -1173,11 +1177,9 @@ class runner {
     host_options ho;
     ho.db_path = (dir_ / "tether.db").string();
     ho.agents = agents_;
-    if (s_.sandbox) {
-      ho.jobs.sandbox_dir = sandbox_dir();
-      ho.jobs.start_daemon = false;  // started by prepare()
-      ho.jobs.cwd = (dir_ / "work").string();
-    }
+    ho.jobs.sandbox_dir = sandbox_dir();
+    ho.jobs.start_daemon = false;  // started by prepare()
+    ho.jobs.cwd = (dir_ / "work").string();
     ho.log = [this](const std::string& w) {
       std::lock_guard lk(log_m_);
       out_ << "  note  " << w << "\n";
@@ -1262,9 +1264,8 @@ class runner {
         return check(st, wait_for(host_->background(id)));
       case k::shell_exit:
         return open_gate(st);
-      case k::wait_quiescent:
-      case k::wait_shells: {
-        auto r = wait_for(quiescent(host_.get(), st.what == k::wait_shells));
+      case k::wait_quiescent: {
+        auto r = wait_for(quiescent(host_.get(), false));
         return r ? true : timed_out(st);
       }
       case k::wait_idle:
@@ -1286,6 +1287,7 @@ class runner {
           return false;
         }
         return true;
+      case k::wait_shells:  // every shell is a job
       case k::wait_jobs: {
         auto r = wait_for(jobs_quiet(host_.get()));
         return r ? true : timed_out(st);
@@ -1508,6 +1510,33 @@ class runner {
         // stay in the store, terminal, and are not counted).
         auto jobs = store.outstanding_jobs();
         if (!jobs) return failed_read(jobs.error());
+        // Shells are owned jobs: live ones run; a terminal one is outstanding
+        // while its terminal receipt is pending. Its owner is its `child`.
+        auto live = host_->receipts().live_jobs();
+        if (!live) return failed_read(live.error());
+        auto pending = host_->receipts().pending_receipts();
+        if (!pending) return failed_read(pending.error());
+        auto shell_row = [](const persistence::owned_job& j, persistence::job_status st) {
+          persistence::job_row r;
+          r.id = j.id;
+          r.kind = "shell";
+          r.child = j.scope.thread;
+          r.status = st;
+          return r;
+        };
+        for (auto& j : *live) jobs->push_back(shell_row(j, persistence::job_status::running));
+        for (auto& rc : *pending) {
+          if (rc.transition == protocol::transition::started) continue;
+          auto j = host_->receipts().job(rc.job);
+          if (!j) return failed_read(j.error());
+          if (!*j) continue;  // a subagent's receipt: counted above
+          auto st = rc.transition == protocol::transition::completed
+                        ? persistence::job_status::completed
+                    : rc.transition == protocol::transition::cancelled
+                        ? persistence::job_status::cancelled
+                        : persistence::job_status::error;
+          jobs->push_back(shell_row(**j, st));
+        }
         long n = 0;
         for (auto& j : *jobs) {
           if (!e.status.empty() && to_string(j.status) != e.status) continue;
@@ -1570,8 +1599,10 @@ class runner {
                                          {"exhausted", b.exhausted},
                                          {"resumed_top", b.resumed_top},
                                          {"resumed_children", b.resumed_children},
-                                         {"shells_reattached", b.shells_reattached},
-                                         {"shells_finished", b.shells_finished}};
+                                         {"jobs_reattached", b.jobs.reattached},
+                                         {"jobs_finished_while_down", b.jobs.finished_while_down},
+                                         {"jobs_lost", b.jobs.lost},
+                                         {"jobs_redelivered", b.jobs.redelivered}};
         return number_is(e.number, f[e.text], got);
       }
     }

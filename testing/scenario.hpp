@@ -139,7 +139,9 @@ struct script {
   std::vector<turn> turns;
   std::vector<step> steps;
   std::vector<std::string> gates;  // every gate a `shell` action (or a job command) uses
-  /// `sandbox`: the host runs owned jobs in a real local tether-sandboxd.
+  /// `sandbox`: accepted for files written before every scenario got one;
+  /// every scenario's host runs its shells and jobs in a real local
+  /// tether-sandboxd, with or without the line.
   bool sandbox = false;
   /// `env NAME "VALUE"`: set in the host's (so every command's) environment
   /// before the sandbox and the host start.

@@ -1,10 +1,10 @@
 // The crash matrix: the demo's background-subagent story (a child that starts
 // a real shell, reports, is woken by the shell's exit and reports again) runs
 // in a child process that is SIGKILLed at every hit of every crash point on
-// the report path, enumerated from the registry (`tether crash-points`), not
-// from a hand-kept list. After each kill the host restarts on the same
-// database; the parent must hold every owed report exactly once and nothing
-// else.
+// the report path and on the job path its shell takes (the shell is an owned
+// job in the host's local sandbox daemon: `delivery.*`), enumerated from the
+// registry (`tether crash-points`), not from a hand-kept list. After each kill the host restarts on
+// the same database; the parent must hold every owed report exactly once and nothing else.
 #include <sys/wait.h>
 
 #include <csignal>
@@ -25,8 +25,14 @@ namespace {
 
 const std::string& k_tether = test::k_tether_cli;
 
+// The report path, and the job path of the child's shell. Not in the story: a
+// cancel, and the acknowledgement on acceptance (the shell's receipt prompts
+// the idle child, whose drain acknowledges it; the delivery crash matrix has
+// both).
 bool on_report_path(const std::string& p) {
-  return p.rfind("report.", 0) == 0 || p.rfind("shell.", 0) == 0;
+  return p.rfind("report.", 0) == 0 ||
+         (p.rfind("delivery.", 0) == 0 && p != "delivery.cancel.after_kill" &&
+          p != "delivery.ack.after_commit");
 }
 
 }  // namespace
@@ -65,10 +71,12 @@ TEST_CASE("SIGKILL at every crash point of the report path: every owed report ar
     CHECK(distinct.size() == o.bodies.size());  // no report twice under two ids
     for (auto& b : o.bodies) CHECK(b.find("sessionID=\"ses_audit\"") != std::string::npos);
     // Once the child's settle committed, the restart delivers exactly what
-    // the uninterrupted run delivers.
+    // the uninterrupted run delivers; so it does once the shell ended (its
+    // terminal receipt, written after report 1 went out).
     bool after_settle = p.rfind("report.settle.after", 0) == 0 || p.rfind("report.admit", 0) == 0 ||
                         p.rfind("report.complete", 0) == 0 || p.rfind("report.wake", 0) == 0 ||
-                        p == "shell.after_finish";
+                        p == "delivery.terminal.after_commit" ||
+                        p == "delivery.handover.after_admit";
     if (after_settle) CHECK(o.bodies == baseline.bodies);
     // Wherever the kill fell, the child's final report arrives, once.
     CHECK(test::final_reports(o) == 1);

@@ -8,6 +8,15 @@
 //   v3-jobs-pending.db  the jobs story killed at delivery.terminal.after_commit:3:
 //                       three owned shell jobs terminal, one notice admitted and
 //                       not drained, two terminal receipts pending
+// Schema v6 (no local shells): the fixtures v5-local-shell-*.db were made by
+// main at 76defd0 (schema v5, the last build that ran local shells) with
+// tests/fixtures/make_v5_local_shell.sh:
+//   v5-local-shell-running.db  the demo story killed at report.settle.after_commit:1:
+//                              a report owed to the parent, the child's local
+//                              shell still running
+//   v5-local-shell-notice.db   the demo story killed at shell.after_finish:1: the
+//                              shell's notice admitted into the child's inbox,
+//                              not drained, its row gone
 #include <SQLiteCpp/Database.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -101,15 +110,18 @@ TEST_CASE(
     REQUIRE(all_receipts);
     check_one_task_store(db);
     if (std::string(sub) == "r") {
-      REQUIRE(subagents->size() == 2);
+      // The local shell that was running is history now (schema step 6: lost,
+      // its owner told), not a row of the report path.
+      REQUIRE(subagents->size() == 1);
       auto& report = subagents->at(0);
       CHECK(report.kind == "subagent");
       CHECK(report.status == persistence::job_status::completed);
       CHECK(report.owed);  // its terminal receipt, pending, is the outbox
       REQUIRE(report.body);
       CHECK(report.body->find("Background work still running") != std::string::npos);
-      CHECK(subagents->at(1).kind == "shell");
-      CHECK(subagents->at(1).status == persistence::job_status::running);
+      SQLite::Database c(db, SQLite::OPEN_READONLY);
+      CHECK(c.execAndGet("SELECT count(*) FROM tasks WHERE kind = 'local_shell' AND state = 'lost'")
+                .getInt() == 1);
       CHECK(shells->empty());
       REQUIRE(all_receipts->size() == 2);
       CHECK(all_receipts->at(1).job == report.id);
@@ -196,4 +208,154 @@ TEST_CASE(
       CHECK(j.acked);
     }
   }
+}
+
+namespace {
+
+struct local_shell_outcome {
+  std::string state;           // the local_shell row's state ("" when there is none)
+  int child_notices = 0;       // rows in the child's inbox under a shell id
+  int child_pending = 0;       // of those, not yet drained
+  std::string notice;          // the last one's body
+  int transcript_notices = 0;  // the child's transcript messages carrying a shell notice
+  std::vector<std::string> parent_bodies;
+};
+
+local_shell_outcome read_local_shell(const std::string& db) {
+  local_shell_outcome o;
+  SQLite::Database c(db, SQLite::OPEN_READONLY);
+  SQLite::Statement t(c, "SELECT state FROM tasks WHERE kind = 'local_shell'");
+  if (t.executeStep()) o.state = t.getColumn(0).getString();
+  SQLite::Statement i(c,
+                      "SELECT state, body FROM inbox WHERE session_id = 'ses_audit' AND "
+                      "notification_id GLOB 'sh_*' ORDER BY admitted_ord");
+  while (i.executeStep()) {
+    ++o.child_notices;
+    o.child_pending += i.getColumn(0).getString() == "pending";
+    o.notice = i.getColumn(1).getString();
+  }
+  SQLite::Statement m(c,
+                      "SELECT count(*) FROM messages WHERE session_id = 'ses_audit' AND "
+                      "payload LIKE '%[tether] background job sh\\_%' ESCAPE '\\'");
+  m.executeStep();
+  o.transcript_notices = m.getColumn(0).getInt();
+  SQLite::Statement p(c,
+                      "SELECT body FROM inbox WHERE session_id = 'ses_parent' ORDER BY "
+                      "admitted_ord");
+  while (p.executeStep()) o.parent_bodies.push_back(p.getColumn(0).getString());
+  return o;
+}
+
+int bodies_containing(const local_shell_outcome& o, const std::string& text) {
+  int n = 0;
+  for (auto& b : o.parent_bodies) n += b.find(text) != std::string::npos;
+  return n;
+}
+
+// `tether demo --resume DIR` on DIR/tether.db; the restart must succeed.
+void resume_demo(const fs::path& dir) {
+  std::string out;
+  int st = test::run_process({k_tether, "demo", "--resume", dir.string()}, &out);
+  INFO("the restart said: " << out);
+  REQUIRE(WIFEXITED(st));
+  REQUIRE(WEXITSTATUS(st) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("the v5 fixtures are what their names say: local shells of the previous build",
+          "[migration]") {
+  auto running = fixture("v5-local-shell-running.db").string();
+  auto notice = fixture("v5-local-shell-notice.db").string();
+  CHECK(schema_version(running) == 5);
+  CHECK(schema_version(notice) == 5);
+  auto r = read_local_shell(running);
+  CHECK(r.state == "running");
+  CHECK(r.child_notices == 0);
+  SQLite::Database rc(running, SQLite::OPEN_READONLY);
+  CHECK(rc.execAndGet("SELECT count(*) FROM receipts WHERE state = 'pending'").getInt() == 1);
+  auto n = read_local_shell(notice);
+  CHECK(n.state.empty());  // the previous build deleted the row with the notice's admission
+  CHECK(n.child_notices == 1);
+  CHECK(n.child_pending == 1);
+  CHECK_THAT(n.notice, Catch::Contains("succeeded"));
+}
+
+TEST_CASE(
+    "a local shell the previous build left running becomes lost when the file is migrated, and "
+    "its owner is told exactly once, with no command in the notice",
+    "[migration]") {
+  test::scratch_dir root("migration-local-running");
+  auto dir = root.path() / "story";
+  install_fixture(dir, "v5-local-shell-running.db");
+  resume_demo(dir);
+  auto db = (dir / "tether.db").string();
+  CHECK(schema_version(db) == persistence::latest_schema_version());
+  auto o = read_local_shell(db);
+  CHECK(o.state == "lost");
+  CHECK(o.child_notices == 1);
+  CHECK(o.child_pending == 0);  // drained by the child's next turn
+  CHECK(o.transcript_notices == 1);
+  CHECK_THAT(o.notice, Catch::Contains("ended with unknown status"));
+  CHECK_THAT(o.notice, Catch::Contains("status: exit -1"));
+  CHECK_THAT(o.notice, Catch::Contains("previous build"));
+  CHECK(o.notice.find("check-routes") == std::string::npos);  // the unscrubbed command stays out
+  // The parent: the report the file owed, once; then the child's answer to the notice, once.
+  CHECK(bodies_containing(o, "Started the route check") == 1);
+  CHECK(bodies_containing(o, "Route check finished") == 1);
+  std::set<std::string> distinct(o.parent_bodies.begin(), o.parent_bodies.end());
+  CHECK(distinct.size() == o.parent_bodies.size());
+  // Another restart owes nothing and tells nobody again.
+  resume_demo(dir);
+  auto again = read_local_shell(db);
+  CHECK(again.child_notices == 1);
+  CHECK(again.transcript_notices == 1);
+  CHECK(again.parent_bodies == o.parent_bodies);
+}
+
+TEST_CASE(
+    "a local shell's notice the previous build admitted and did not drain is delivered exactly "
+    "once by this build",
+    "[migration]") {
+  test::scratch_dir root("migration-local-notice");
+  auto dir = root.path() / "story";
+  install_fixture(dir, "v5-local-shell-notice.db");
+  resume_demo(dir);
+  auto db = (dir / "tether.db").string();
+  auto o = read_local_shell(db);
+  CHECK(o.state.empty());
+  CHECK(o.child_notices == 1);
+  CHECK(o.child_pending == 0);
+  CHECK(o.transcript_notices == 1);
+  CHECK_THAT(o.notice, Catch::Contains("succeeded"));
+  CHECK(bodies_containing(o, "Route check finished") == 1);
+  resume_demo(dir);
+  auto again = read_local_shell(db);
+  CHECK(again.transcript_notices == 1);
+  CHECK(again.parent_bodies == o.parent_bodies);
+}
+
+TEST_CASE("boot refuses a local shell row still running, naming its table, key and field",
+          "[migration]") {
+  test::scratch_dir root("migration-local-refused");
+  auto dir = root.path() / "story";
+  install_fixture(dir, "v5-local-shell-running.db");
+  auto db = (dir / "tether.db").string();
+  {
+    // Migrated by this build, then made to claim the shell still runs.
+    auto w = persistence::writer::open(persistence::db_options{db});
+    REQUIRE(w);
+    (*w)->stop();
+    SQLite::Database c(db, SQLite::OPEN_READWRITE);
+    c.exec("UPDATE tasks SET state = 'running' WHERE kind = 'local_shell'");
+  }
+  std::string out;  // boot's refusal goes to stderr
+  int st = test::run_process(
+      {"/bin/sh", "-c", "exec \"$0\" demo --resume \"$1\" 2>&1", k_tether, dir.string()}, &out);
+  INFO("the restart said: " << out);
+  REQUIRE(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) != 0);
+  CHECK_THAT(out, Catch::Contains("table 'tasks' key 'sh_661944721b66d0004': state"));
+  CHECK_THAT(out, Catch::Contains("a local shell still running"));
+  CHECK(read_local_shell(db).state == "running");  // left as it was
 }

@@ -1,7 +1,9 @@
 // The recovery crash matrix (issue 16, part 4): recovery itself crashes. The
 // demo's report story is SIGKILLed at a point that leaves work owed (a report
 // in the outbox, a child mid-turn with a running job row and a live shell, a
-// child that took its inbox and did not settle); the restart is then SIGKILLed
+// shell only admitted on disk, a shell whose end was written and not handed
+// over, a child that took its inbox and did not settle; the child's shell is
+// an owned job in the host's local sandbox daemon); the restart is then SIGKILLed
 // at every hit of every crash point it reaches (boot's phases, its owed
 // deliveries, the resumed periods), and a second restart runs cleanly. After
 // it the parent holds every owed report exactly once, the child's final
@@ -22,9 +24,12 @@ const std::string& k_tether = test::k_tether_cli;
 
 // Story kills that leave work for the restart.
 const std::vector<std::string> k_owed_states = {
-    "report.settle.after_commit:1",  // the child's first report is in the outbox
-    "shell.after_register:1",        // the child is mid-turn: a running job row, a live shell
-    "report.drain.after_ack:2",      // the child took its shell's notice and did not settle
+    "report.settle.after_commit:1",      // the child's first report is in the outbox
+    "delivery.started.after_commit:1",   // the child is mid-turn: a running job row, a live shell
+    "delivery.launch.after_admit:1",     // the shell admitted, never dispatched: recovery marks it
+                                         // lost
+    "delivery.terminal.after_commit:1",  // the shell ended; its receipt is not handed over yet
+    "report.drain.after_ack:2",          // the child took its shell's notice and did not settle
 };
 
 std::vector<std::string> story(const std::filesystem::path& dir) {
@@ -83,7 +88,15 @@ TEST_CASE(
         auto dir = root.path() / ("s" + std::to_string(si) + "-" + p + "-" + std::to_string(n));
         story_killed_at(dir, state);
         int r = test::run_process(resume(dir), nullptr, {"TETHER_CRASH_AT=" + at});
-        if (n > 1 && WIFEXITED(r) && WEXITSTATUS(r) == 0) continue;  // that hit did not recur
+        // That hit did not recur. On the job path this can happen at the first
+        // hit too: whether the shell's end is seen by recovery's reattach
+        // (recover.*) or by the live follow (delivery.*) depends on when the
+        // daemon reports it. That restart ran to the end: it is checked as one.
+        bool job_path = p.rfind("delivery.", 0) == 0 || p.rfind("recover.", 0) == 0;
+        if ((n > 1 || job_path) && WIFEXITED(r) && WEXITSTATUS(r) == 0) {
+          check_all_delivered_once(dir);
+          continue;
+        }
         REQUIRE(WIFSIGNALED(r));
         REQUIRE(WTERMSIG(r) == SIGKILL);
         std::string out;
@@ -111,8 +124,10 @@ TEST_CASE(
   std::cout << "recovery crash matrix: " << runs << " restarts killed at " << covered.size()
             << " distinct points; boot's points covered: " << boot_covered << " of "
             << boot_points.size() << " (not reached by the demo story:" << missed << ")\n";
+  // The job queue's recovery of the child's shell: its lost, ended and resent receipts.
   for (auto p : {"boot.recover.after_jobs", "boot.resume.after_count", "boot.deliver.after_owed",
-                 "boot.wake.after_tell", "boot.resume_inbox.after_count"}) {
+                 "boot.wake.after_tell", "boot.resume_inbox.after_count",
+                 "recover.terminal.after_commit", "recover.handover.after_admit"}) {
     INFO("crash point " << p << " was never killed at");
     CHECK(covered.count(p) == 1);
   }

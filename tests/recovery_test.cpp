@@ -7,6 +7,9 @@
 #include <fstream>
 
 #include "report_support.hpp"
+#include "sandbox_support.hpp"
+#include "tether/sandbox/daemon_process.hpp"
+#include "tether/sandbox/state_dir.hpp"
 
 using namespace tether;
 using namespace tether::test;
@@ -153,52 +156,50 @@ TEST_CASE("a settled report whose delivery fails reaches its parent while the ho
 }
 
 TEST_CASE(
-    "a shell that exited while the host was down wakes its owner only after boot released the "
+    "a shell that ended while the host was down wakes its owner only after boot released the "
     "claims it owes nothing, so the period it begins keeps its claim on disk",
     "[recovery][regression]") {
   report_fixture f("recovery-shell-exited-down");
-  child_answers_its_inbox(f);
+  // The child starts a shell (an owned job of its turn in the host's local
+  // daemon: no sandbox is configured) that waits on a fifo, and answers its
+  // inbox (the shell's notice) with "final answer".
+  auto gate = f.dir.file("gate");
+  REQUIRE(::mkfifo(gate.c_str(), 0600) == 0);
+  f.code("child")->fn = [gate](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
+    bool prompt = false, inbox = false;
+    for (auto& i : in.inputs) {
+      prompt |= i.kind == "prompt";
+      inbox |= i.kind == "report" || i.kind == "notice";
+    }
+    if (prompt) {
+      std::string command = "cat " + gate;
+      auto sh = co_await ctx.start_shell(std::move(command));
+      std::string answer = sh ? "started" : "no shell: " + sh.error().message;
+      co_await ctx.say(std::move(answer));
+    }
+    if (inbox) co_await ctx.say("final answer");
+  };
   f.parent_spawns("child");
   REQUIRE(f.sync(f.host->wait_idle(session_id("parent"))));
-  f.quiet();  // the child's first report delivered
-  // On disk at the restart: the child's shell registered, and a report owed
-  // to the parent (boot delivers it before it looks at claims).
-  persistence::job_row shell;
-  shell.id = protocol::job_id("sh_down");
-  shell.nid = protocol::notification_id("sh_down");
-  shell.kind = "shell";
-  shell.child = session_id("child");
-  shell.description = "check-routes";
-  REQUIRE(f.sync(f.host->store().write_job(shell)));
+  f.sync(f.host->wait_quiescent(false));  // report 1 delivered; the shell runs on
+  auto live = f.host->receipts().live_jobs();
+  REQUIRE(live);
+  REQUIRE(live->size() == 1);
+  auto job = live->front().id;
+  // On disk at the restart: a report owed to the parent (boot delivers it
+  // before it looks at claims); the shell ends while the host is down.
   f.write_owed_report("parent", "child");
   f.close();
-  // The shell exited while the host was down: its status and output are on disk.
-  auto shells = std::filesystem::path(f.dir.file("tether.db.shells"));
-  std::filesystem::create_directories(shells);
-  std::ofstream(shells / "sh_down.out") << "routes: 14 checked, 0 broken\n";
-  std::ofstream(shells / "sh_down.status") << "0\n";
+  release_fifo(gate);
 
-  // While boot delivers the owed report: if boot already watches the shell,
-  // its owner's period begins before boot decides which claims to release
-  // (the order that released that period's claim). The wait is bounded only
-  // so that the test fails rather than hangs.
-  std::mutex m;
-  std::condition_variable cv;
-  bool child_began = false, waited_in_vain = false;
+  // While boot delivers the owed report, the child's period must not have
+  // begun: the shell's receipt is handed over only after boot's phases.
+  std::atomic<bool> child_began{false}, began_during_delivery{false};
   f.observer->on_started = [&](const session_id& s) {
-    if (s.str() != "child") return;
-    std::lock_guard lk(m);
-    child_began = true;
-    cv.notify_all();
+    if (s.str() == "child") child_began = true;
   };
   f.observer->on_admitted = [&](const session_id& s) {
-    if (s.str() != "parent") return;
-    bool watched = false;
-    for (auto& r : f.host->outstanding(session_id("child"))) watched |= r.detail == "sh_down";
-    if (!watched) return;
-    std::unique_lock lk(m);
-    if (!cv.wait_for(lk, std::chrono::seconds(60), [&] { return child_began; }))
-      waited_in_vain = true;
+    if (s.str() == "parent" && child_began) began_during_delivery = true;
   };
   // The child's period that answers the shell's notice holds at its settle.
   auto settling = runtime::one_shot<int>::make();
@@ -209,8 +210,8 @@ TEST_CASE(
     co_await release->async_wait(boost::asio::use_awaitable);
   };
   f.open();
-  CHECK_FALSE(waited_in_vain);
   f.sync(settling->async_wait(boost::asio::use_awaitable));
+  CHECK_FALSE(began_during_delivery);
   // The period is live and unsettled: its claim is on disk, so a crash now
   // leaves a claim the next boot resumes (its report is owed nowhere else).
   auto child = f.host->store().session(session_id("child"));
@@ -219,8 +220,67 @@ TEST_CASE(
   CHECK((*child)->time_suspended);
   release->set(1);
   f.quiet();
-  CHECK(f.boot.shells_reattached == 1);
+  // Recovery found the job ended, or followed it to its end: one way or the other.
+  CHECK(f.boot.jobs.finished_while_down + f.boot.jobs.reattached == 1);
+  auto done = f.host->receipts().job(job);
+  REQUIRE(done);
+  REQUIRE(*done);
+  CHECK((*done)->state == persistence::owned_state::completed);
   CHECK(bodies_with(f, "parent", "owed report") == 1);
+  CHECK(bodies_with(f, "parent", "final answer") == 1);
+}
+
+TEST_CASE(
+    "a host's local sandbox daemon that died while a shell ran is started again at boot: the "
+    "shell ends with an unknown status and its owner is told once",
+    "[recovery]") {
+  report_fixture f("recovery-local-daemon-gone");
+  auto gate = f.dir.file("gate");
+  REQUIRE(::mkfifo(gate.c_str(), 0600) == 0);
+  f.code("child")->fn = [gate](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
+    bool prompt = false, inbox = false;
+    for (auto& i : in.inputs) {
+      prompt |= i.kind == "prompt";
+      inbox |= i.kind == "report" || i.kind == "notice";
+    }
+    if (prompt) {
+      std::string command = "cat " + gate;
+      auto sh = co_await ctx.start_shell(std::move(command));
+      std::string answer = sh ? "started" : "no shell: " + sh.error().message;
+      co_await ctx.say(std::move(answer));
+    }
+    if (inbox) co_await ctx.say("final answer");
+  };
+  f.parent_spawns("child");
+  REQUIRE(f.sync(f.host->wait_idle(session_id("parent"))));
+  f.sync(f.host->wait_quiescent(false));  // report 1 delivered; the shell runs on
+  auto live = f.host->receipts().live_jobs();
+  REQUIRE(live);
+  REQUIRE(live->size() == 1);
+  auto job = live->front().id;
+  f.close();
+  // The daemon dies with the shell still running (a reboot, a kill): nothing
+  // answers in <db>.sandbox when the host opens again.
+  auto stopped = sandbox::stop_daemon_in(sandbox::local_state_dir_for(f.dir.file("tether.db")));
+  REQUIRE(stopped);
+  REQUIRE(*stopped);
+  f.open();  // boot succeeds: recovery started the local daemon again
+  f.quiet();
+  auto done = f.host->receipts().job(job);
+  REQUIRE(done);
+  REQUIRE(*done);
+  CHECK(persistence::is_terminal((*done)->state));
+  CHECK((*done)->state != persistence::owned_state::completed);
+  int notices = 0;
+  for (auto& r : f.inbox("child")) notices += r.body.find(job.str()) != std::string::npos;
+  CHECK(notices == 1);
+  CHECK(bodies_with(f, "parent", "final answer") == 1);
+  // Another restart tells nobody again.
+  f.restart();
+  f.quiet();
+  notices = 0;
+  for (auto& r : f.inbox("child")) notices += r.body.find(job.str()) != std::string::npos;
+  CHECK(notices == 1);
   CHECK(bodies_with(f, "parent", "final answer") == 1);
 }
 

@@ -178,7 +178,6 @@ TEST_CASE("parse errors name the line and the field or word that was wrong", "[s
        "env: expected the variable's value (a \"quoted string\"), found 'secret'"},
       {"env PATH \"/x\"\n", 4, "env: PATH is the runner's"},
       {"env A \"1\"\nenv A \"2\"\n", 5, "env: 'A' is set already"},
-      {"on child 2: job \"true\"\n", 4, "on: a job needs a sandbox (add a `sandbox` line"},
       {"sandbox\non child 2: job true\n", 5,
        "on: expected the job's command (a \"quoted string\"), found 'true'"},
       {"sandbox\non child 2: job \"\"\n", 5, "on: the job's command is empty"},
@@ -230,6 +229,16 @@ TEST_CASE("parse errors name the line and the field or word that was wrong", "[s
     CHECK(msg.rfind("t.scn:" + std::to_string(c.line) + ": ", 0) == 0);
     CHECK(msg.find(c.says) != std::string::npos);
   }
+}
+
+TEST_CASE("a job needs no sandbox line: every scenario's host runs its jobs in a local daemon",
+          "[scenario]") {
+  auto s =
+      scn::parse(k_ok_prefix + std::string("on child 2: job \"gate g; true\" as j\n"), "t.scn");
+  INFO((s ? std::string() : s.error().message));
+  REQUIRE(s);
+  CHECK_FALSE(s->sandbox);
+  CHECK(s->gates == std::vector<std::string>{"g"});
 }
 
 TEST_CASE("a well-formed scenario parses into turns, steps and gates", "[scenario]") {

@@ -12,7 +12,19 @@
 #include <random>
 #include <stdexcept>
 
+#include "tether/sandbox/daemon_process.hpp"
+#include "tether/sandbox/state_dir.hpp"
+
 namespace tether::test {
+
+namespace {
+// A host with no sandbox configured starts a local tether-sandboxd on demand;
+// this test binary is not next to it, so tell ensure_daemon where it is.
+[[maybe_unused]] const bool k_sandboxd_found = [] {
+  ::setenv("TETHER_SANDBOXD", TETHER_BIN_DIR "/tether-sandboxd", 0);
+  return true;
+}();
+}  // namespace
 
 scratch_dir::scratch_dir(const std::string& tag) {
   const char* base = std::getenv("TETHER_TEST_TMP");
@@ -25,6 +37,24 @@ scratch_dir::scratch_dir(const std::string& tag) {
 
 scratch_dir::~scratch_dir() {
   std::error_code ec;
+  // A host with no sandbox configured started a local daemon beside its
+  // database (<db>.sandbox, detached, so it outlives the host): stop it with
+  // the directory rather than leave it to its idle exit.
+  // A database's local daemon lives in sandbox::local_state_dir_for(db).
+  for (auto it = std::filesystem::recursive_directory_iterator(p_, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->path().extension() == ".sandbox") {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it->path().extension() != ".db") continue;
+    auto dir = sandbox::local_state_dir_for(it->path().string());
+    (void)sandbox::stop_daemon_in(dir);
+    if (dir.rfind(p_.string(), 0) != 0) {  // the long-path fallback, outside this directory
+      std::error_code gone;
+      std::filesystem::remove_all(dir, gone);
+    }
+  }
   std::filesystem::remove_all(p_, ec);
 }
 

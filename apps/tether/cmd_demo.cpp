@@ -18,6 +18,7 @@
 #include "tether/persistence/receipt_store.hpp"
 #include "tether/runtime/sync_wait.hpp"
 #include "tether/sandbox/daemon_process.hpp"
+#include "tether/sandbox/state_dir.hpp"
 #include "tether/testing/scripted_agent.hpp"
 
 namespace tether::cli {
@@ -327,7 +328,8 @@ int demo(const args& a) {
   prepare_dir(live);
   std::cout
       << "tether demo: a parent spawns a background child \"Audit routes\"; the child starts\n"
-         "a background shell and goes idle; the shell exits and wakes the child.\n"
+         "a background shell (an owned job of its turn, in a local sandbox daemon) and goes\n"
+         "idle; the shell exits and its notice wakes the child.\n"
          "database: "
       << (live / "tether.db").string() << "\n";
   auto agents = story_agents();
@@ -372,10 +374,12 @@ int demo(const args& a) {
       std::cerr << "tether demo: " << h.error().message << "\n";
       return 1;
     }
+    // Owed: terminal with its terminal receipt pending (a delivered report's
+    // task stays in the store, terminal, and is not owed).
     auto owed = (*h)->store().jobs();
     int terminal = 0;
     if (owed)
-      for (auto& j : *owed) terminal += j.status != persistence::job_status::running;
+      for (auto& j : *owed) terminal += j.owed;
     std::cout << "  on disk after the kill: " << terminal << " owed report(s) in the outbox\n";
     auto boot = sync(**h, (*h)->boot());
     if (!boot) {
@@ -394,6 +398,13 @@ int demo(const args& a) {
     (*h)->shutdown();
   }
   jobs_part(root, failures);
+  // Parts 1 and 2 configured no sandbox: each host ran its shell in a local
+  // daemon beside its database, detached; the demo's directory goes, so do they.
+  for (auto& dir : {live, crashed})
+    if (auto r =
+            sandbox::stop_daemon_in(sandbox::local_state_dir_for((dir / "tether.db").string()));
+        !r)
+      std::cout << "  stopping the local sandbox daemon: " << r.error().message << "\n";
   std::error_code ec;
   fs::remove_all(root, ec);
   if (failures) {

@@ -92,9 +92,9 @@ json::object to_json(const snapshot& s) {
   for (auto& j : s.jobs) {
     json::object o;
     o["id"] = j.id.str();
-    o["kind"] = persistence::task_kind_word(j.kind);
+    o["kind"] = j.kind;
     o["state"] = persistence::task_state_word(j.status);
-    o["owner"] = opt_json(j.kind == "shell" ? j.child : j.parent);
+    o["owner"] = opt_json(j.parent);
     o["notification_id"] = j.nid.str();
     o["mode"] = j.mode;
     o["parent"] = opt_json(j.parent);
@@ -213,10 +213,8 @@ void print_tasks(std::ostream& out, const snapshot& s) {
   std::vector<std::vector<std::string>> rows{
       {"id", "kind", "state", "owner", "child", "turn", "sandbox", "generation", "what"}};
   for (auto& j : s.jobs)
-    rows.push_back(
-        {j.id.str(), persistence::task_kind_word(j.kind), persistence::task_state_word(j.status),
-         opt(j.kind == "shell" ? j.child : j.parent), j.kind == "shell" ? "-" : opt(j.child), "-",
-         "-", std::to_string(j.generation), j.description});
+    rows.push_back({j.id.str(), j.kind, persistence::task_state_word(j.status), opt(j.parent),
+                    opt(j.child), "-", "-", std::to_string(j.generation), j.description});
   for (auto& j : s.owned)
     rows.push_back({j.id.str(), "shell", std::string(persistence::to_string(j.state)),
                     j.scope.thread.str(), "-", j.scope.turn.str(), j.scope.sandbox.str(),
