@@ -80,16 +80,12 @@ awaitable<result<int>> delivery::deliver(delivery_batch b) {
 
   // 4. Acknowledge, by how the owner reads it.
   if (report) {
+    // The admit acknowledged the reports' receipts in its own transaction.
     // Only an admit that added a report passes this point: a resend whose
     // reports were all admitted already (repeats dropped) does not.
     if (std::find(admitted->begin(), admitted->end(), true) != admitted->end())
       TETHER_CRASH_POINT("report.admit.after_commit");
     if (b.handed_over) b.handed_over();
-    std::vector<protocol::notification_id> nids;
-    for (auto& i : b.items) nids.push_back(i.inbox_id);
-    auto c = co_await reports_.complete(std::move(nids));
-    if (!c) co_return c.error();
-    TETHER_CRASH_POINT("report.complete.after_commit");
     host_.wake(**s, wake_scope::steer, true);
     TETHER_CRASH_POINT("report.wake.after_tell");
     co_return handed;

@@ -13,7 +13,7 @@
 //   4. acknowledge, by how the owner reads it:
 //      - a report is read from the parent's inbox, which is durable and is
 //        acknowledged by the drain that takes it: its receipt is acknowledged
-//        once admitted            [report.admit.after_commit, report.complete.after_commit]
+//        in the admit's own transaction             [report.admit.after_commit]
 //        and the parent is woken to steer it in    [report.wake.after_tell];
 //      - a notice can still be read by its owner's status call, which keeps
 //        the drain from showing it again: a busy turn takes it steered and it

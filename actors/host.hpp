@@ -5,9 +5,10 @@
 //
 // A report's path after its settle commit (crash points in brackets), by the
 // one delivery path (actors/delivery.hpp):
-//   [report.settle.after_commit] parent admits it into its inbox
-//   [report.admit.after_commit]  its terminal receipt (the outbox) is acknowledged
-//   [report.complete.after_commit] the parent is woken (unless a revert is staged)
+//   [report.settle.after_commit] parent admits it into its inbox and, in the
+//                                same transaction, acknowledges its terminal
+//                                receipt (the outbox)
+//   [report.admit.after_commit]  the parent is woken (unless a revert is staged)
 //   [report.wake.after_tell] the parent's drain moves it into the transcript
 //   and acknowledges it in one transaction [report.drain.after_ack].
 // A crash anywhere is repaired at boot from what is on disk.

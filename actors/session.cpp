@@ -285,7 +285,7 @@ awaitable<void> session::handle(session_message& m) {
     // share one transaction.
     std::vector<notification_id> nids;
     for (auto& i : a->items) nids.push_back(i.nid);
-    auto st = host_.store().admit_submit(id(), std::move(a->items));
+    auto st = host_.store().admit_submit(id(), std::move(a->items), !a->receipts);
     auto ex = get_executor();
     auto task =
         finish_admit(shared_from_this(), st, std::move(nids), std::move(a->reply), a->receipts);

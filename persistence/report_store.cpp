@@ -219,8 +219,25 @@ void insert_session(SQLite::Database& db, const session_row& r) {
 
 // Admits reports into `to`'s inbox inside the caller's transaction, in order;
 // for each, false if its id was already there. nullopt if `to` is gone.
+// A report's terminal receipt, its outbox: acknowledged once the report is
+// in its parent's inbox, or dropped when nobody is owed it any more. The
+// task row stays, terminal, with its report.
+void settle_report_receipt(SQLite::Database& db, const notification_id& nid, bool delivered,
+                           std::int64_t now) {
+  auto& rc =
+      cached_statement(db,
+                       "UPDATE receipts SET state = ?, updated_at = ? WHERE state = 'pending' "
+                       "AND transition != 'started' AND task_id IN (SELECT id FROM tasks WHERE "
+                       "notification_id = ? AND state != 'running')");
+  rc.reset();
+  rc.bind(1, delivered ? "acked" : "dropped");
+  rc.bind(2, now);
+  rc.bind(3, nid.str());
+  rc.exec();
+}
+
 std::optional<std::vector<bool>> admit_in_tx(SQLite::Database& db, const session_id& to,
-                                             const std::vector<report_item>& items) {
+                                             const std::vector<report_item>& items, bool reports) {
   auto& seq = cached_statement(db, "SELECT seq FROM sessions WHERE id = ?");
   seq.bind(1, to.str());
   if (!seq.executeStep()) return std::nullopt;
@@ -251,6 +268,7 @@ std::optional<std::vector<bool>> admit_in_tx(SQLite::Database& db, const session
     st.bind(6, now);
     st.bind(7, ++ord);
     out.push_back(st.exec() == 1);
+    if (reports) settle_report_receipt(db, i.nid, true, now);
   }
   return out;
 }
@@ -517,13 +535,13 @@ awaitable<result<settle_result>> report_store::settle(settle_request req) {
 }
 
 std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> report_store::admit_submit(
-    session_id to, std::vector<report_item> items) {
+    session_id to, std::vector<report_item> items, bool reports) {
   auto name = "admit " + std::to_string(items.size()) + " report(s) to " + to.str();
   std::size_t bytes = 64;
   for (auto& i : items) bytes += i.body.size() + 96;
-  auto fn = [to = std::move(to),
-             items = std::move(items)](SQLite::Database& db) -> result<std::vector<bool>> {
-    auto out = admit_in_tx(db, to, items);
+  auto fn = [to = std::move(to), items = std::move(items),
+             reports](SQLite::Database& db) -> result<std::vector<bool>> {
+    auto out = admit_in_tx(db, to, items, reports);
     if (!out)
       return error{errc::not_found, "session '" + to.str() + "' does not exist; " +
                                         std::to_string(items.size()) + " report(s) not admitted"};
@@ -533,8 +551,9 @@ std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> report_store::admi
 }
 
 awaitable<result<std::vector<bool>>> report_store::admit(session_id to,
-                                                         std::vector<report_item> items) {
-  auto st = admit_submit(std::move(to), std::move(items));
+                                                         std::vector<report_item> items,
+                                                         bool reports) {
+  auto st = admit_submit(std::move(to), std::move(items), reports);
   co_return co_await st->async_wait(asio::use_awaitable);
 }
 
@@ -542,22 +561,8 @@ awaitable<result<void>> report_store::complete(std::vector<notification_id> nids
   auto name = "complete " + std::to_string(nids.size()) + " report(s)";
   std::size_t bytes = 32 * nids.size();
   auto fn = [nids = std::move(nids), delivered](SQLite::Database& db) {
-    // The task's terminal receipt, its report's outbox: acknowledged with the
-    // report's admission, or dropped when nobody is owed it any more. The
-    // task row stays, terminal, with its report.
-    auto& rc =
-        cached_statement(db,
-                         "UPDATE receipts SET state = ?, updated_at = ? WHERE state = 'pending' "
-                         "AND transition != 'started' AND task_id IN (SELECT id FROM tasks WHERE "
-                         "notification_id = ? AND state != 'running')");
     auto now = now_ms();
-    for (auto& n : nids) {
-      rc.reset();
-      rc.bind(1, delivered ? "acked" : "dropped");
-      rc.bind(2, now);
-      rc.bind(3, n.str());
-      rc.exec();
-    }
+    for (auto& n : nids) settle_report_receipt(db, n, delivered, now);
   };
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }

@@ -189,11 +189,15 @@ class report_store : public report_reader {
   /// Admits reports into a session's inbox, in order; for each, false if its
   /// id was already there (the repeat is dropped). errc::not_found if the
   /// session is gone (nothing admitted).
-  awaitable<result<std::vector<bool>>> admit(session_id to, std::vector<report_item> items);
+  /// `reports`: the items are subagent reports, whose tasks' terminal
+  /// receipts (their outbox) are acknowledged in the same transaction, a
+  /// repeat's included: the parent's inbox is what reads them.
+  awaitable<result<std::vector<bool>>> admit(session_id to, std::vector<report_item> items,
+                                             bool reports = true);
   /// admit() without waiting: queued now (so the writer keeps the order of
   /// calls), resolved after its COMMIT.
   std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> admit_submit(
-      session_id to, std::vector<report_item> items);
+      session_id to, std::vector<report_item> items, bool reports = true);
   /// The reports are in the inbox: their tasks' terminal receipts (the
   /// outbox) are acknowledged; the terminal rows stay. `delivered` false:
   /// nobody is owed them any more (their receipts are dropped).

@@ -132,3 +132,21 @@ TEST_CASE("a report delivered twice reaches its parent's inbox once and its rece
   REQUIRE(after);
   CHECK(after->empty());  // no longer owed: its terminal receipt was acknowledged
 }
+
+TEST_CASE("admitting a report acknowledges its terminal receipt in the same transaction",
+          "[delivery]") {
+  report_fixture f("delivery_admit_acks");
+  REQUIRE(f.sync(f.host->create_session("parent", session_id("parent"))));
+  f.write_owed_report("parent", "child");
+  std::vector<persistence::report_item> items{
+      {protocol::notification_id("msg_owed"), session_id("child"), "owed report"}};
+  auto admitted = f.sync(f.host->store().admit(session_id("parent"), items));
+  REQUIRE(admitted);
+  CHECK(*admitted == std::vector<bool>{true});
+  // No second write: the report is in the inbox and no longer owed, so a
+  // crash now leaves boot nothing to resend.
+  auto owed = f.host->store().outstanding_jobs();
+  REQUIRE(owed);
+  CHECK(owed->empty());
+  REQUIRE(f.inbox("parent").size() == 1);
+}
