@@ -7,6 +7,17 @@
 
 namespace tether::actors {
 
+delivery_batch notice_batch(persistence::receipt r, bool recovering) {
+  delivery_batch b;
+  b.what = delivery_batch::kind::notice;
+  b.owner = r.scope.thread;
+  b.tenant = r.scope.tenant;
+  b.recheck = true;
+  b.recovering = recovering;
+  b.items.push_back({protocol::notification_id(r.id.str()), r.id, std::nullopt, std::move(r.body)});
+  return b;
+}
+
 awaitable<result<int>> delivery::drop(delivery_batch& b, const std::string& why) {
   host_.warn(why);
   if (b.what == delivery_batch::kind::report) {

@@ -68,6 +68,11 @@ struct delivery_batch {
   std::function<void()> handed_over;
 };
 
+/// The batch that hands one owned job's pending receipt to its owner (its
+/// session and tenant from the receipt's scope), rechecked as still pending.
+/// `recovering`: boot's sweep, which wakes nobody.
+delivery_batch notice_batch(persistence::receipt r, bool recovering);
+
 class delivery {
  public:
   delivery(host& h, persistence::report_store& reports, persistence::receipt_store& receipts)

@@ -356,14 +356,7 @@ awaitable<void> host::resend_notices(boot_report& rep) {
   }
   for (auto& r : *notices) {
     auto id = r.id;
-    delivery_batch b;
-    b.what = delivery_batch::kind::notice;
-    b.owner = r.scope.thread;
-    b.tenant = r.scope.tenant;
-    b.recheck = true;
-    b.recovering = true;
-    b.items.push_back({notification_id(r.id.str()), r.id, std::nullopt, std::move(r.body)});
-    auto d = co_await delivery_->deliver(std::move(b));
+    auto d = co_await delivery_->deliver(notice_batch(std::move(r), true));
     if (d && *d > 0) ++rep.jobs.redelivered;
     if (!d) {
       auto w = "boot: receipt " + id.str() + " was kept pending: " + d.error().message;

@@ -270,15 +270,7 @@ awaitable<result<void>> job_queue::open_route_once() {
     co_return error{errc::refused, "no sandbox is configured (job_queue_options.sandbox_dir)"};
   std::string socket = sandbox::socket_path_for(opts_.sandbox_dir);
   if (opts_.start_daemon) {
-    // ensure_daemon blocks (it may start one and read its readiness line):
-    // never on an executor.
-    sandbox::daemon_options d;
-    d.state_dir = opts_.sandbox_dir;
-    d.binary = opts_.daemon_binary;
-    d.idle_exit = opts_.daemon_idle_exit;
-    auto ready = runtime::one_shot<result<sandbox::daemon_handle>>::make();
-    std::thread([d, ready] { ready->set(sandbox::ensure_daemon(d)); }).detach();
-    auto h = co_await ready->async_wait(asio::use_awaitable);
+    auto h = co_await ensure_daemon();
     if (!h) co_return h.error();
     socket = h->socket_path;
   }
@@ -720,20 +712,27 @@ awaitable<bool> job_queue::retry_later(int attempt) {
 
 // ---- delivery ----------------------------------------------------------------------------
 
+awaitable<result<sandbox::daemon_handle>> job_queue::ensure_daemon() {
+  // sandbox::ensure_daemon blocks (it may start one and read its readiness
+  // line): it runs on a thread of its own, never on an executor.
+  sandbox::daemon_options d;
+  d.state_dir = opts_.sandbox_dir;
+  d.binary = opts_.daemon_binary;
+  d.idle_exit = opts_.daemon_idle_exit;
+  auto ready = runtime::one_shot<result<sandbox::daemon_handle>>::make();
+  std::thread([d, ready] { ready->set(sandbox::ensure_daemon(d)); }).detach();
+  co_return co_await ready->async_wait(asio::use_awaitable);
+}
+
 awaitable<result<bool>> job_queue::deliver(receipt r, bool wake_after) {
   busy(+1);
   struct done_guard {
     job_queue* q;
     ~done_guard() { q->busy(-1); }
   } guard{this};
-  delivery_batch b;
-  b.what = delivery_batch::kind::notice;
-  b.owner = r.scope.thread;
-  b.tenant = r.scope.tenant;
-  b.recheck = true;
-  b.recovering = !wake_after;
-  if (opts_.trace) b.handed_over = [this, job = r.job] { opts_.trace(job, "handed_over"); };
-  b.items.push_back({notification_id(r.id.str()), r.id, std::nullopt, std::move(r.body)});
+  auto job = r.job;
+  auto b = notice_batch(std::move(r), !wake_after);
+  if (opts_.trace) b.handed_over = [this, job] { opts_.trace(job, "handed_over"); };
   auto handed = co_await host_.delivery().deliver(std::move(b));
   if (!handed) co_return handed.error();
   co_return *handed > 0;
@@ -922,13 +921,7 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   // ended (a job that was running when it died ends with status -1). It runs
   // nothing new for recovery; a configured sandbox is never started here.
   if (opts_.local && opts_.start_daemon && !live->empty()) {
-    sandbox::daemon_options d;
-    d.state_dir = opts_.sandbox_dir;
-    d.binary = opts_.daemon_binary;
-    d.idle_exit = opts_.daemon_idle_exit;
-    auto ready = runtime::one_shot<result<sandbox::daemon_handle>>::make();
-    std::thread([d, ready] { ready->set(sandbox::ensure_daemon(d)); }).detach();
-    auto started = co_await ready->async_wait(asio::use_awaitable);
+    auto started = co_await ensure_daemon();
     if (!started)
       co_return refuse(error{started.error().code,
                              "the local sandbox daemon in " + opts_.sandbox_dir +

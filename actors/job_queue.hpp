@@ -44,6 +44,7 @@
 #include "tether/protocol/report.hpp"
 #include "tether/runtime/actor.hpp"
 #include "tether/runtime/one_shot.hpp"
+#include "tether/sandbox/daemon_process.hpp"
 
 namespace tether::actors {
 
@@ -171,6 +172,8 @@ class job_queue {
 
   awaitable<result<void>> open_route();
   awaitable<result<void>> open_route_once();
+  /// The daemon of opts_.sandbox_dir, started if none answers there.
+  awaitable<result<sandbox::daemon_handle>> ensure_daemon();
   awaitable<result<job_id>> launch_on(owner_scope caller, launch_request req);
   awaitable<result<job_view>> status_on(owner_scope caller, job_id job);
   awaitable<result<job_view>> cancel_on(owner_scope caller, job_id job, bool read);

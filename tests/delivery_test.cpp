@@ -32,14 +32,7 @@ persistence::receipt ended_job(report_fixture& f, const std::string& owner,
 }
 
 actors::delivery_batch notice_for(const persistence::receipt& r) {
-  actors::delivery_batch b;
-  b.what = actors::delivery_batch::kind::notice;
-  b.owner = r.scope.thread;
-  b.tenant = r.scope.tenant;
-  b.recheck = true;
-  b.recovering = true;  // nobody is woken: the inbox is read as it is
-  b.items.push_back({protocol::notification_id(r.id.str()), r.id, std::nullopt, r.body});
-  return b;
+  return actors::notice_batch(r, true);  // nobody is woken: the inbox is read as it is
 }
 
 persistence::receipt_state state_of(report_fixture& f, const protocol::event_id& id) {

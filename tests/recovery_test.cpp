@@ -44,6 +44,25 @@ void report_into_child(report_fixture& f, const std::string& body) {
   REQUIRE(f.sync(f.host->delivery().deliver(std::move(b))));
 }
 
+// The child starts a shell that waits on the fifo `gate` when prompted
+// ("started"), and answers its inbox (the shell's notice) with "final answer".
+void child_shell_waits_on(report_fixture& f, const std::string& gate) {
+  f.code("child")->fn = [gate](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
+    bool prompt = false, inbox = false;
+    for (auto& i : in.inputs) {
+      prompt |= i.kind == "prompt";
+      inbox |= i.kind == "report" || i.kind == "notice";
+    }
+    if (prompt) {
+      std::string command = "cat " + gate;
+      auto sh = co_await ctx.start_shell(std::move(command));
+      std::string answer = sh ? "started" : "no shell: " + sh.error().message;
+      co_await ctx.say(std::move(answer));
+    }
+    if (inbox) co_await ctx.say("final answer");
+  };
+}
+
 int bodies_with(report_fixture& f, const std::string& s, const std::string& text) {
   int n = 0;
   for (auto& r : f.inbox(s)) n += r.body.find(text) != std::string::npos;
@@ -165,20 +184,7 @@ TEST_CASE(
   // inbox (the shell's notice) with "final answer".
   auto gate = f.dir.file("gate");
   REQUIRE(::mkfifo(gate.c_str(), 0600) == 0);
-  f.code("child")->fn = [gate](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
-    bool prompt = false, inbox = false;
-    for (auto& i : in.inputs) {
-      prompt |= i.kind == "prompt";
-      inbox |= i.kind == "report" || i.kind == "notice";
-    }
-    if (prompt) {
-      std::string command = "cat " + gate;
-      auto sh = co_await ctx.start_shell(std::move(command));
-      std::string answer = sh ? "started" : "no shell: " + sh.error().message;
-      co_await ctx.say(std::move(answer));
-    }
-    if (inbox) co_await ctx.say("final answer");
-  };
+  child_shell_waits_on(f, gate);
   f.parent_spawns("child");
   REQUIRE(f.sync(f.host->wait_idle(session_id("parent"))));
   f.sync(f.host->wait_quiescent(false));  // report 1 delivered; the shell runs on
@@ -237,20 +243,7 @@ TEST_CASE(
   report_fixture f("recovery-local-daemon-gone");
   auto gate = f.dir.file("gate");
   REQUIRE(::mkfifo(gate.c_str(), 0600) == 0);
-  f.code("child")->fn = [gate](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
-    bool prompt = false, inbox = false;
-    for (auto& i : in.inputs) {
-      prompt |= i.kind == "prompt";
-      inbox |= i.kind == "report" || i.kind == "notice";
-    }
-    if (prompt) {
-      std::string command = "cat " + gate;
-      auto sh = co_await ctx.start_shell(std::move(command));
-      std::string answer = sh ? "started" : "no shell: " + sh.error().message;
-      co_await ctx.say(std::move(answer));
-    }
-    if (inbox) co_await ctx.say("final answer");
-  };
+  child_shell_waits_on(f, gate);
   f.parent_spawns("child");
   REQUIRE(f.sync(f.host->wait_idle(session_id("parent"))));
   f.sync(f.host->wait_quiescent(false));  // report 1 delivered; the shell runs on
