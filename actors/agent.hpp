@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "tether/actors/job_queue.hpp"
-#include "tether/persistence/report_store.hpp"
+#include "tether/persistence/task_store.hpp"
 #include "tether/protocol/ids.hpp"
 
 namespace tether::actors {

@@ -23,13 +23,13 @@ awaitable<result<int>> delivery::drop(delivery_batch& b, const std::string& why)
   if (b.what == delivery_batch::kind::report) {
     std::vector<protocol::notification_id> nids;
     for (auto& i : b.items) nids.push_back(i.inbox_id);
-    auto c = co_await reports_.complete(std::move(nids), false);
+    auto c = co_await store_.complete(std::move(nids), false);
     if (!c) co_return c.error();
   } else {
     std::vector<protocol::event_id> ids;
     for (auto& i : b.items)
       if (i.receipt) ids.push_back(*i.receipt);
-    auto d = co_await receipts_.drop(std::move(ids));
+    auto d = co_await store_.drop(std::move(ids));
     if (!d) co_return d.error();
   }
   co_return 0;
@@ -51,13 +51,13 @@ awaitable<result<int>> delivery::deliver(delivery_batch b) {
     auto read = [this, ids = std::move(ids)]() -> result<std::vector<bool>> {
       std::vector<bool> pending;
       for (auto& id : ids) {
-        auto r = receipts_.receipt_by_id(id);
+        auto r = store_.receipt_by_id(id);
         if (!r) return r.error();
         pending.push_back(*r && (*r)->state == persistence::receipt_state::pending);
       }
       return pending;
     };
-    auto pending = co_await receipts_.offload(std::move(read));
+    auto pending = co_await store_.offload(std::move(read));
     if (!pending) co_return pending.error();
     std::vector<outbound> still;
     for (std::size_t i = 0; i < b.items.size(); ++i)
@@ -111,7 +111,7 @@ awaitable<result<int>> delivery::deliver(delivery_batch b) {
     // Steered: accepted into the running session's queue is acknowledged.
     for (auto& i : b.items) {
       if (!i.receipt) continue;
-      auto acked = co_await receipts_.ack(*i.receipt);
+      auto acked = co_await store_.ack(*i.receipt);
       if (!acked) co_return acked.error();
     }
     TETHER_CRASH_POINT("delivery.ack.after_commit");

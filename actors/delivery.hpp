@@ -32,8 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "tether/persistence/receipt_store.hpp"
-#include "tether/persistence/report_store.hpp"
+#include "tether/persistence/task_store.hpp"
 #include "tether/runtime/actor.hpp"
 
 namespace tether::actors {
@@ -75,8 +74,7 @@ delivery_batch notice_batch(persistence::receipt r, bool recovering);
 
 class delivery {
  public:
-  delivery(host& h, persistence::report_store& reports, persistence::receipt_store& receipts)
-      : host_(h), reports_(reports), receipts_(receipts) {}
+  delivery(host& h, persistence::task_store& store) : host_(h), store_(store) {}
 
   /// How many of the batch were handed over (0 if none was still owed).
   awaitable<result<int>> deliver(delivery_batch b);
@@ -85,8 +83,7 @@ class delivery {
   awaitable<result<int>> drop(delivery_batch& b, const std::string& why);
 
   host& host_;
-  persistence::report_store& reports_;
-  persistence::receipt_store& receipts_;
+  persistence::task_store& store_;
 };
 
 }  // namespace tether::actors

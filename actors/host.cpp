@@ -48,10 +48,9 @@ result<std::unique_ptr<host>> host::open(host_options opts) {
   auto w = persistence::writer::open(dbo);
   if (!w) return w.error();
   h->writer_ = std::move(*w);
-  h->store_ = std::make_unique<persistence::report_store>(*h->writer_, opts.db_path);
-  h->receipts_ = std::make_unique<persistence::receipt_store>(*h->writer_, opts.db_path);
-  h->delivery_ = std::make_unique<actors::delivery>(*h, *h->store_, *h->receipts_);
-  h->jobs_ = std::make_unique<job_queue>(h->pool_->at(0), *h, *h->receipts_, opts.jobs);
+  h->store_ = std::make_unique<persistence::task_store>(*h->writer_, opts.db_path);
+  h->delivery_ = std::make_unique<actors::delivery>(*h, *h->store_);
+  h->jobs_ = std::make_unique<job_queue>(h->pool_->at(0), *h, *h->store_, opts.jobs);
   return h;
 }
 
@@ -112,11 +111,18 @@ awaitable<void> host::wait_quiescent(bool jobs) {
   co_await w->async_wait(asio::use_awaitable);
 }
 
+namespace {
+error deleted_error(const session_id& s) {
+  return error{errc::not_found, "session '" + s.str() + "' is being deleted"};
+}
+}  // namespace
+
 result<std::shared_ptr<session>> host::get(const session_id& s) {
   {
     std::lock_guard lk(m_);
     if (closed_)
       return error{errc::stopped, "host is shutting down; session '" + s.str() + "' not loaded"};
+    if (deleting_.count(s)) return deleted_error(s);
     auto it = sessions_.find(s);
     if (it != sessions_.end()) return it->second;
   }
@@ -128,6 +134,7 @@ awaitable<result<std::shared_ptr<session>>> host::load(session_id s) {
     std::lock_guard lk(m_);
     if (closed_)
       co_return error{errc::stopped, "host is shutting down; session '" + s.str() + "' not loaded"};
+    if (deleting_.count(s)) co_return deleted_error(s);
     auto it = sessions_.find(s);
     if (it != sessions_.end()) co_return it->second;
   }
@@ -142,6 +149,7 @@ result<std::shared_ptr<session>> host::adopt(const session_id& s,
   std::lock_guard lk(m_);
   if (closed_)
     return error{errc::stopped, "host is shutting down; session '" + s.str() + "' not loaded"};
+  if (deleting_.count(s)) return deleted_error(s);
   auto it = sessions_.find(s);
   if (it != sessions_.end()) return it->second;
   auto a = opts_.agents->make(**row);
@@ -287,6 +295,57 @@ awaitable<result<void>> host::wait_idle(session_id s) {
   co_return co_await (*sess)->ask(std::move(m));
 }
 
+awaitable<result<host::deleted>> host::delete_session(session_id s) {
+  auto sess = co_await load(s);
+  if (!sess) co_return sess.error();
+  {
+    std::lock_guard lk(m_);
+    if (!deleting_.insert(s).second) co_return deleted_error(s);
+  }
+  // From here nothing new reaches it: load() and get() refuse it, so a
+  // delivery finds its owner gone and drops the receipt.
+  auto actor = *sess;
+  actor->tell(session_msg::interrupt{});
+  {
+    session_msg::wait_idle m;
+    (void)co_await actor->ask(std::move(m));  // its settle ran (or it was idle)
+  }
+  {
+    auto st = runtime::one_shot<result<void>>::make();
+    if (actor->tell(session_msg::shutdown{runtime::reply_to<void>(st)}))
+      (void)co_await st->async_wait(asio::use_awaitable);
+    // Its mailbox stays open until the last reference goes: a wake already
+    // on its way is still handled (and its activity count released), and
+    // starts nothing.
+  }
+  auto forget = [this, &s] {
+    std::lock_guard lk(m_);
+    sessions_.erase(s);
+    if (auto it = directory_.find(s); it != directory_.end()) {
+      if (it->second.parent) {
+        if (auto p = directory_.find(*it->second.parent); p != directory_.end())
+          p->second.children.erase(s);
+      }
+      directory_.erase(it);
+    }
+    deleting_.erase(s);
+  };
+  deleted out;
+  auto cancelled = co_await jobs_->stop_thread(actor->tenant(), s);
+  if (!cancelled) {
+    forget();  // the next call loads it from disk again
+    co_return error{cancelled.error().code, "session '" + s.str() +
+                                                "' was not deleted: cancelling its jobs failed: " +
+                                                cancelled.error().message};
+  }
+  out.jobs_cancelled = *cancelled;
+  auto dropped = co_await store_->delete_session(s);
+  forget();
+  if (!dropped) co_return dropped.error();
+  out.receipts_dropped = *dropped;
+  co_return out;
+}
+
 awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
                                    std::shared_ptr<boot_report> rep,
                                    std::shared_ptr<std::mutex> m) {
@@ -333,7 +392,7 @@ awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
 }
 
 awaitable<void> host::resend_notices(boot_report& rep) {
-  auto& receipts = *receipts_;
+  auto& receipts = *store_;
   auto read = [&receipts]() -> result<std::vector<persistence::receipt>> {
     auto pending = receipts.pending_receipts();
     if (!pending) return pending.error();

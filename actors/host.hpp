@@ -25,7 +25,7 @@
 #include "tether/actors/delivery.hpp"
 #include "tether/actors/job_queue.hpp"
 #include "tether/actors/session.hpp"
-#include "tether/persistence/report_store.hpp"
+#include "tether/persistence/task_store.hpp"
 #include "tether/persistence/writer.hpp"
 #include "tether/protocol/scrub.hpp"
 #include "tether/runtime/executor_pool.hpp"
@@ -113,6 +113,21 @@ class host {
   awaitable<result<notification_id>> background(session_id child);
   /// Resolves once the session is idle (after its settle).
   awaitable<result<void>> wait_idle(session_id s);
+  /// What delete_session did.
+  struct deleted {
+    int jobs_cancelled = 0;    // its live owned jobs, killed with confirmation
+    int receipts_dropped = 0;  // what was still owed to it (reports, notices)
+  };
+  /// Deletes a session: its busy period is interrupted and settles (a
+  /// child's parent gets its `cancelled` report), its live jobs are
+  /// cancelled with confirmation, then its row, transcript and inbox are
+  /// deleted in one transaction that drops every receipt still owed to it.
+  /// Its tasks stay as history; its children stay, their later reports owed
+  /// to nobody (dropped). From the start nothing new reaches it: it cannot be
+  /// loaded, prompted or delivered to. errc::not_found if it does not exist.
+  /// A failure leaves it on disk (jobs already cancelled stay cancelled):
+  /// delete it again.
+  awaitable<result<deleted>> delete_session(session_id s);
   /// Resolves once nothing runs: no busy period, wake or delivery in flight,
   /// and (unless `jobs` is false) no owned job live or its receipt in flight.
   awaitable<void> wait_quiescent(bool jobs = true);
@@ -121,8 +136,7 @@ class host {
   /// report. Idempotent.
   void shutdown();
 
-  persistence::report_store& store() { return *store_; }
-  persistence::receipt_store& receipts() { return *receipts_; }
+  persistence::task_store& store() { return *store_; }
   /// The one queue that owns every background job's lifecycle.
   job_queue& jobs() { return *jobs_; }
   /// The scope of `s`'s current (or last) turn, as the runtime supplies it to
@@ -194,8 +208,7 @@ class host {
   host_options opts_;
   std::unique_ptr<runtime::executor_pool> pool_;
   std::unique_ptr<persistence::writer> writer_;
-  std::unique_ptr<persistence::report_store> store_;
-  std::unique_ptr<persistence::receipt_store> receipts_;
+  std::unique_ptr<persistence::task_store> store_;
   std::unique_ptr<actors::delivery> delivery_;
   std::unique_ptr<job_queue> jobs_;
 
@@ -203,6 +216,7 @@ class host {
   std::map<session_id, std::shared_ptr<session>> sessions_;
   bool closed_ = false;  // under m_: shutdown took its snapshot
   std::map<session_id, session_info> directory_;
+  std::set<session_id> deleting_;  // under m_: being deleted, not loadable
   std::atomic<std::int64_t> generation_{0};
   /// Scrubs still-running labels (a subagent's description) with the rules
   /// of the host's environment.

@@ -63,7 +63,7 @@ awaitable<T> job_queue::on_queue(awaitable<T> task) {
   co_return co_await asio::co_spawn(ex_, std::move(task), std::move(token));
 }
 
-job_queue::job_queue(runtime::executor ex, host& h, persistence::receipt_store& store,
+job_queue::job_queue(runtime::executor ex, host& h, persistence::task_store& store,
                      job_queue_options opts)
     : ex_(ex),
       host_(h),
@@ -422,7 +422,7 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
   j.preview = protocol::make_preview(scrub.scrub(req.command)).text;
   auto id = j.id;
   // Ownership is on disk before the command exists.
-  auto admitted = co_await store_.admit(j);
+  auto admitted = co_await store_.admit_job(j);
   if (!admitted) co_return admitted.error();
   TETHER_CRASH_POINT("delivery.launch.after_admit");
   add_live(j);
@@ -874,6 +874,27 @@ awaitable<result<int>> job_queue::stop_turn(owner_scope turn) {
   std::optional<error> first;
   for (auto& id : mine) {
     auto task = cancel_on(turn, id, false);
+    auto r = co_await on_queue(std::move(task));
+    if (r && r->state == owned_state::cancelled) ++n;
+    if (!r && !first && r.error().code != errc::not_found) first = r.error();
+  }
+  if (first) co_return *first;
+  co_return n;
+}
+
+awaitable<result<int>> job_queue::stop_thread(protocol::tenant_id tenant,
+                                              protocol::session_id thread) {
+  std::vector<std::pair<job_id, owner_scope>> mine;
+  {
+    std::lock_guard lk(m_);
+    for (auto& [id, l] : live_)
+      if (l.job.scope.tenant == tenant && l.job.scope.thread == thread)
+        mine.emplace_back(id, l.job.scope);
+  }
+  int n = 0;
+  std::optional<error> first;
+  for (auto& [id, scope] : mine) {
+    auto task = cancel_on(scope, id, false);
     auto r = co_await on_queue(std::move(task));
     if (r && r->state == owned_state::cancelled) ++n;
     if (!r && !first && r.error().code != errc::not_found) first = r.error();

@@ -40,7 +40,7 @@
 #include <thread>
 
 #include "tether/actors/command_route.hpp"
-#include "tether/persistence/receipt_store.hpp"
+#include "tether/persistence/task_store.hpp"
 #include "tether/protocol/report.hpp"
 #include "tether/runtime/actor.hpp"
 #include "tether/runtime/one_shot.hpp"
@@ -113,8 +113,7 @@ struct recovery_report {
 
 class job_queue {
  public:
-  job_queue(runtime::executor ex, host& h, persistence::receipt_store& store,
-            job_queue_options opts);
+  job_queue(runtime::executor ex, host& h, persistence::task_store& store, job_queue_options opts);
   ~job_queue();
 
   /// Boot: reattaches read-only to each recorded sandbox generation, settles
@@ -133,6 +132,9 @@ class job_queue {
   awaitable<result<job_view>> cancel(owner_scope caller, job_id job);
   /// Cancels every live job the turn owns (confirmed); the receipts are delivered.
   awaitable<result<int>> stop_turn(owner_scope turn);
+  /// Cancels every live job of a thread, whichever turn launched it
+  /// (confirmed): its session is being deleted.
+  awaitable<result<int>> stop_thread(protocol::tenant_id tenant, protocol::session_id thread);
 
   /// Boot's phases have resumed the sessions: hand-overs held since
   /// recover() go ahead. Any thread.
@@ -231,7 +233,7 @@ class job_queue {
 
   runtime::executor ex_;
   host& host_;
-  persistence::receipt_store& store_;
+  persistence::task_store& store_;
   job_queue_options opts_;
   std::shared_ptr<sandbox_lease> lease_;
   std::shared_ptr<routed_channel> channel_;

@@ -18,7 +18,7 @@
 #include <variant>
 
 #include "tether/actors/agent.hpp"
-#include "tether/persistence/report_store.hpp"
+#include "tether/persistence/task_store.hpp"
 #include "tether/protocol/report.hpp"
 #include "tether/runtime/actor.hpp"
 

@@ -371,11 +371,11 @@ host_outcome run_host(const std::string& dir, const std::string& state_dir, pid_
     out.completion_to_delivery_ms.push_back(ms_between(t.completion, t.handed_over));
     out.launch_call_ms.push_back(ms_between(t.call, t.returned));
     out.launch_to_delivery_ms.push_back(ms_between(t.call, t.handed_over));
-    auto j = host.receipts().job(job_id(id));
+    auto j = host.store().job(job_id(id));
     if (!j || !*j) fail("job " + id + " has no row");
     if ((*j)->state != persistence::owned_state::completed)
       fail("job " + id + " ended " + std::string(persistence::to_string((*j)->state)));
-    auto r = host.receipts().receipt_by_id(
+    auto r = host.store().receipt_by_id(
         protocol::make_event_id(job_id(id), protocol::transition::completed));
     if (!r || !*r) fail("job " + id + " has no completed receipt");
     if ((*r)->state != persistence::receipt_state::acked)

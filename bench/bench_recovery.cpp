@@ -4,7 +4,7 @@
 //
 // The database is written directly, in one transaction through the single
 // writer: parents, their children (idle, no claim) and one terminal
-// background job row per report with its rendered body, as report_store
+// background job row per report with its rendered body, as task_store
 // writes them. Two layouts: 1,000 parents x 100 children and one parent x
 // 100,000 children (one report per child in both, so the session count is
 // the same and only the fan-in differs).
@@ -30,7 +30,7 @@
 
 #include "support.hpp"
 #include "tether/actors/host.hpp"
-#include "tether/persistence/report_store.hpp"
+#include "tether/persistence/task_store.hpp"
 #include "tether/protocol/json.hpp"
 #include "tether/protocol/report.hpp"
 #include "tether/protocol/scope.hpp"
@@ -80,7 +80,7 @@ std::string report_id(std::size_t p, std::size_t c) {
   return "msg_p" + std::to_string(p) + "_c" + std::to_string(c);
 }
 
-// The owed state, written as report_store's settle leaves it.
+// The owed state, written as task_store's settle leaves it.
 void write_owed(SQLite::Database& db, const layout& l) {
   auto now = runtime::now_ms();
   SQLite::Statement ses(db,
@@ -234,7 +234,7 @@ bool check(const std::string& path, const layout& l, std::size_t hooks, int deli
   };
   auto n = l.reports();
   // Delivered tasks stay, terminal; none may still owe its report.
-  auto outstanding = persistence::report_reader(path).outstanding_jobs();
+  auto outstanding = persistence::task_reader(path).outstanding_jobs();
   if (auto jobs = outstanding ? static_cast<std::int64_t>(outstanding->size()) : -1; jobs != 0)
     fail(std::to_string(jobs) + " tasks still running or owing their report");
   if (hooks != n)

@@ -59,7 +59,7 @@
 
 #include "support.hpp"
 #include "tether/actors/host.hpp"
-#include "tether/persistence/report_store.hpp"
+#include "tether/persistence/task_store.hpp"
 #include "tether/runtime/clock.hpp"
 #include "tether/runtime/sync_wait.hpp"
 #include "tether/testing/scripted_agent.hpp"
@@ -313,7 +313,7 @@ bool check(const std::string& path, const shape& s, const spawn_state& st, const
   };
   // Delivered tasks stay, terminal; none may still be running or owe its
   // report (a pending terminal receipt).
-  auto outstanding = persistence::report_reader(path).outstanding_jobs();
+  auto outstanding = persistence::task_reader(path).outstanding_jobs();
   auto jobs = outstanding ? static_cast<std::int64_t>(outstanding->size()) : -1;
   if (jobs != 0) fail(std::to_string(jobs) + " tasks still running or owing their report");
   std::size_t total = 0, expected = 0;

@@ -363,6 +363,13 @@ result<void> embedded::interrupt(const session_id& s) {
   return {};
 }
 
+awaitable<result<int>> embedded::delete_session(session_id s) {
+  if (auto e = stopped("delete_session")) co_return *e;
+  auto d = co_await host_->delete_session(std::move(s));
+  if (!d) co_return d.error();
+  co_return d->jobs_cancelled;
+}
+
 awaitable<result<void>> embedded::set_job_policy(session_id s, bool notify, job_policy policy) {
   if (auto e = stopped("set_job_policy")) co_return *e;
   co_return co_await host_->set_job_policy(std::move(s), notify, std::string(to_string(policy)));

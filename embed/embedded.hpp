@@ -202,6 +202,12 @@ class embedded {
   awaitable<result<std::int64_t>> steer(session_id s, std::string text);
   /// Cancels the session's running turn: its busy period ends "cancelled".
   result<void> interrupt(const session_id& s);
+  /// Deletes the session: its running turn is interrupted (a subagent's
+  /// parent gets its `cancelled` report), its background shells are killed
+  /// with confirmation, then its transcript and inbox are deleted and
+  /// whatever was still owed to it is dropped. Its children stay, with
+  /// nobody to report to. Returns how many shells it cancelled.
+  awaitable<result<int>> delete_session(session_id s);
   /// Whether the session's turns may launch background jobs, and what a turn
   /// does while they run.
   awaitable<result<void>> set_job_policy(session_id s, bool notify, job_policy policy);

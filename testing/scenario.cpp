@@ -546,7 +546,7 @@ result<expectation> parse_expect(line_reader& r) {
     if (!s) return s.error();
     e.session = *s;
     auto what = r.keyword("a session check", {"idle", "busy", "claimed", "unclaimed", "notify",
-                                              "outcome", "policy", "resumes", "parent"});
+                                              "outcome", "policy", "resumes", "parent", "gone"});
     if (!what) return what.error();
     if (*what == "parent") {
       e.what = k::session_parent;
@@ -843,8 +843,11 @@ result<script> parse(const std::string& text, const std::string& file) {
       auto t = r.text("the " + verb + " text");
       if (!t) return t.error();
       st.text = *t;
-    } else if (verb == "wake" || verb == "interrupt" || verb == "background") {
-      st.what = verb == "wake" ? k::wake : verb == "interrupt" ? k::interrupt : k::background;
+    } else if (verb == "wake" || verb == "interrupt" || verb == "background" || verb == "delete") {
+      st.what = verb == "wake"        ? k::wake
+                : verb == "interrupt" ? k::interrupt
+                : verb == "delete"    ? k::delete_session
+                                      : k::background;
       auto nm = r.name("the session name");
       if (!nm) return nm.error();
       st.name = *nm;
@@ -916,7 +919,8 @@ result<script> parse(const std::string& text, const std::string& file) {
     } else {
       return error{errc::invalid, where + "'" + verb +
                                       "' is not a step (expected session, on, prompt, steer, "
-                                      "wake, interrupt, revert, background, shell, job, wait, "
+                                      "wake, interrupt, delete, revert, background, shell, job, "
+                                      "wait, "
                                       "crash, restart, expect, sandbox, env)"};
     }
     if (auto e = r.end(); !e) return e.error();
@@ -1262,6 +1266,8 @@ class runner {
         return check(st, wait_for(host_->stage_revert(id, st.flag)));
       case k::background:
         return check(st, wait_for(host_->background(id)));
+      case k::delete_session:
+        return check(st, wait_for(host_->delete_session(id)));
       case k::shell_exit:
         return open_gate(st);
       case k::wait_quiescent: {
@@ -1469,7 +1475,7 @@ class runner {
           if (e.text == "equals") return id == e.texts.at(0);
           auto j = named(e.job, got);
           if (!j) return false;
-          auto job = host_->receipts().job(j->id);
+          auto job = host_->store().job(j->id);
           if (!job) return failed_read(job.error());
           if (!*job || !persistence::is_terminal((*job)->state)) {
             got += "; job " + e.job + " has no terminal receipt yet";
@@ -1512,9 +1518,9 @@ class runner {
         if (!jobs) return failed_read(jobs.error());
         // Shells are owned jobs: live ones run; a terminal one is outstanding
         // while its terminal receipt is pending. Its owner is its `child`.
-        auto live = host_->receipts().live_jobs();
+        auto live = host_->store().live_jobs();
         if (!live) return failed_read(live.error());
-        auto pending = host_->receipts().pending_receipts();
+        auto pending = host_->store().pending_receipts();
         if (!pending) return failed_read(pending.error());
         auto shell_row = [](const persistence::owned_job& j, persistence::job_status st) {
           persistence::job_row r;
@@ -1527,7 +1533,7 @@ class runner {
         for (auto& j : *live) jobs->push_back(shell_row(j, persistence::job_status::running));
         for (auto& rc : *pending) {
           if (rc.transition == protocol::transition::started) continue;
-          auto j = host_->receipts().job(rc.job);
+          auto j = host_->store().job(rc.job);
           if (!j) return failed_read(j.error());
           if (!*j) continue;  // a subagent's receipt: counted above
           auto st = rc.transition == protocol::transition::completed
@@ -1573,6 +1579,10 @@ class runner {
         if (!row) return failed_read(row.error());
         if (!*row) {
           got = "session '" + e.session + "' does not exist";
+          return e.text == "gone";
+        }
+        if (e.text == "gone") {
+          got = "it exists";
           return false;
         }
         auto& s = **row;
@@ -1652,7 +1662,7 @@ class runner {
     using k = expectation::kind;
     auto j = named(e.job, got);
     if (!j) return false;
-    auto& receipts = host_->receipts();
+    auto& receipts = host_->store();
     auto row = receipts.job(j->id);
     if (!row || !*row) {
       got = row ? "job " + j->id.str() + " has no row" : "cannot read: " + row.error().message;

@@ -68,7 +68,7 @@ struct expectation {
     jobs_count,          // expect jobs [filters] count N
     inline_count,        // expect inline count N
     inline_text,         // expect inline POS contains|lacks|equals "T"
-    session_word,        // expect session S idle|busy|claimed|unclaimed
+    session_word,        // expect session S idle|busy|claimed|unclaimed|gone
     session_notify,      // expect session S notify on|off|default
     session_outcome,     // expect session S outcome completed|error|cancelled
     session_policy,      // expect session S policy withhold|report_now
@@ -110,6 +110,7 @@ struct step {
     steer,           // steer NAME "TEXT"
     wake,            // wake NAME
     interrupt,       // interrupt NAME
+    delete_session,  // delete NAME
     revert,          // revert NAME stage|clear
     background,      // background NAME
     shell_exit,      // shell GATE exits [CODE] ["OUTPUT"]

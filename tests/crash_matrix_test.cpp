@@ -16,8 +16,7 @@
 
 #include "crash_matrix_support.hpp"
 #include "fault_support.hpp"
-#include "tether/persistence/receipt_store.hpp"
-#include "tether/persistence/report_store.hpp"
+#include "tether/persistence/task_store.hpp"
 
 using namespace tether;
 

@@ -67,13 +67,13 @@ class delivery_fixture {
   }
 
   std::vector<persistence::receipt> receipts(const job_id& j) {
-    auto r = f.host->receipts().receipts_of(j);
+    auto r = f.host->store().receipts_of(j);
     REQUIRE(r);
     return *r;
   }
   /// The state of `<job>/<t>`, or "none".
   std::string receipt_state_of(const job_id& j, protocol::transition t) {
-    auto r = f.host->receipts().receipt_by_id(protocol::make_event_id(j, t));
+    auto r = f.host->store().receipt_by_id(protocol::make_event_id(j, t));
     REQUIRE(r);
     return *r ? std::string(persistence::to_string((*r)->state)) : "none";
   }
@@ -87,7 +87,7 @@ class delivery_fixture {
     return n;
   }
   owned_state state_of(const job_id& j) {
-    auto r = f.host->receipts().job(j);
+    auto r = f.host->store().job(j);
     REQUIRE(r);
     REQUIRE(*r);
     return (*r)->state;

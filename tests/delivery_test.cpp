@@ -23,9 +23,9 @@ persistence::receipt ended_job(report_fixture& f, const std::string& owner,
   j.scope.sandbox = protocol::sandbox_id("sb");
   j.scope.generation = 1;
   j.preview = "make test";
-  REQUIRE(f.sync(f.host->receipts().admit(j)));
+  REQUIRE(f.sync(f.host->store().admit_job(j)));
   auto won = f.sync(
-      f.host->receipts().finish(j.id, persistence::owned_state::failed, std::nullopt, "exit 2"));
+      f.host->store().finish(j.id, persistence::owned_state::failed, std::nullopt, "exit 2"));
   REQUIRE(won);
   REQUIRE(*won);
   return std::move(**won);
@@ -36,7 +36,7 @@ actors::delivery_batch notice_for(const persistence::receipt& r) {
 }
 
 persistence::receipt_state state_of(report_fixture& f, const protocol::event_id& id) {
-  auto r = f.host->receipts().receipt_by_id(id);
+  auto r = f.host->store().receipt_by_id(id);
   REQUIRE(r);
   REQUIRE(*r);
   return (*r)->state;
@@ -68,7 +68,7 @@ TEST_CASE("a notice whose result its owner already read is not handed over again
   report_fixture f("delivery_read");
   REQUIRE(f.sync(f.host->create_session("owner", session_id("s"))));
   auto r = ended_job(f, "s");
-  REQUIRE(f.sync(f.host->receipts().mark_read(r.id)));
+  REQUIRE(f.sync(f.host->store().mark_read(r.id)));
 
   auto handed = f.sync(f.host->delivery().deliver(notice_for(r)));
   REQUIRE(handed);

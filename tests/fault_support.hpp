@@ -17,8 +17,7 @@
 #include "catch_result.hpp"
 #include "fault_vfs.hpp"
 #include "support.hpp"
-#include "tether/persistence/receipt_store.hpp"
-#include "tether/persistence/report_store.hpp"
+#include "tether/persistence/task_store.hpp"
 #include "tether/persistence/writer.hpp"
 
 namespace tether::test {
@@ -116,7 +115,7 @@ inline report_outcome read_report_outcome(const std::string& db) {
   if (!std::filesystem::exists(db) || std::filesystem::file_size(db) == 0) return o;
   auto w = persistence::writer::open(persistence::db_options{db});
   REQUIRE(w);
-  persistence::report_store store(**w, db);
+  persistence::task_store store(**w, db);
   auto parent = store.session(protocol::session_id("ses_parent"));
   REQUIRE(parent);
   o.exists = parent->has_value();
@@ -147,8 +146,7 @@ inline report_outcome read_report_outcome(const std::string& db) {
       static_cast<int>(transcript.size()) - static_cast<int>(inbox->size());
   o.outbox_rows = static_cast<int>(jobs->size());
   for (auto& s : *sessions) o.claimed_sessions += s.time_suspended ? 1 : 0;
-  persistence::receipt_reader receipts(db);
-  auto rs = receipts.all_receipts();
+  auto rs = store.all_receipts();
   REQUIRE(rs);
   for (auto& r : *rs) {
     ++o.receipts;

@@ -11,7 +11,7 @@
 #include "catch_result.hpp"
 #include "sandbox_support.hpp"
 #include "support.hpp"
-#include "tether/persistence/report_store.hpp"
+#include "tether/persistence/task_store.hpp"
 #include "tether/protocol/report.hpp"
 
 using namespace tether;
@@ -69,7 +69,7 @@ std::string seed_database(const test::scratch_dir& dir) {
   auto path = dir.file("tether.db");
   auto w = writer::open(db_options{path});
   REQUIRE(w);
-  report_store store(**w, path);
+  task_store store(**w, path);
   session_row top;
   top.id = session_id("parent");
   top.description = "the parent";

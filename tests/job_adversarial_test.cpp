@@ -45,7 +45,7 @@ void settle_all(delivery_fixture& d) {
 }
 
 owner_scope scope_of_job(delivery_fixture& d, const job_id& j) {
-  auto r = d.host().receipts().job(j);
+  auto r = d.host().store().job(j);
   REQUIRE(r);
   REQUIRE(*r);
   return (*r)->scope;
@@ -337,7 +337,7 @@ TEST_CASE(
   CHECK(d.f.boot.jobs.warnings.size() == 3);
   for (auto& id : stale) {
     INFO("receipt " << id.str() << ": expected state 'dropped' and a warning naming it");
-    auto r = d.host().receipts().receipt_by_id(id);
+    auto r = d.host().store().receipt_by_id(id);
     REQUIRE(r);
     REQUIRE(*r);
     CHECK((*r)->state == receipt_state::dropped);

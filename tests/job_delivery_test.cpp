@@ -122,7 +122,7 @@ TEST_CASE("a background launch is refused when the turn has notifications disabl
   CHECK(r.error().code == errc::refused);
   CHECK(r.error().message.find("notifications disabled") != std::string::npos);
   CHECK(r.error().message.find("nothing was started") != std::string::npos);
-  auto live = d.host().receipts().live_jobs();
+  auto live = d.host().store().live_jobs();
   REQUIRE(live);
   CHECK(live->empty());
 }
@@ -202,7 +202,7 @@ TEST_CASE("with a sandbox configured, a shell the agent starts is a job owned by
   CHECK(d.state_of(j) == owned_state::completed);
   CHECK(d.receipt_state_of(j, transition::completed) == "acked");
   CHECK(d.transcript_count("s", "notice", "via-start-shell") == 1);
-  auto job = d.host().receipts().job(j);
+  auto job = d.host().store().job(j);
   REQUIRE(job);
   REQUIRE(*job);
   CHECK((*job)->channel == "tool");
@@ -263,7 +263,7 @@ TEST_CASE(
   d.host().interrupt(s);
   REQUIRE(d.sync(d.host().wait_idle(s)));
   d.sync(d.host().jobs().wait_idle());  // nothing stays live
-  auto all = d.host().receipts().all_jobs();
+  auto all = d.host().store().all_jobs();
   REQUIRE(all);
   CHECK_FALSE(all->empty());
   for (auto& j : *all) {

@@ -101,7 +101,7 @@ void prepare(const fs::path& dir, const owed_state& s, test::sandbox_daemon& dae
   REQUIRE(WTERMSIG(r.status) == SIGKILL);
   if (!s.await_live && !s.plant_stale) return;
   auto db = (dir / "tether.db").string();
-  persistence::receipt_reader reader(db);
+  persistence::task_reader reader(db);
   auto live = reader.live_jobs();
   REQUIRE(live);
   REQUIRE_FALSE(live->empty());
@@ -125,7 +125,7 @@ void check_all_settled_once(const fs::path& dir, const owed_state& s) {
   for (auto& t : o.texts) CHECK(t.find(k_stale_body) == std::string::npos);
   test::check_story_outcome(std::move(o));
   if (!s.plant_stale) return;
-  persistence::receipt_reader reader((dir / "tether.db").string());
+  persistence::task_reader reader((dir / "tether.db").string());
   auto all = reader.all_receipts();
   REQUIRE(all);
   int stale = 0;

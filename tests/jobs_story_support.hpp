@@ -13,8 +13,7 @@
 #include <vector>
 
 #include "catch_result.hpp"
-#include "tether/persistence/receipt_store.hpp"
-#include "tether/persistence/report_store.hpp"
+#include "tether/persistence/task_store.hpp"
 #include "tether/persistence/writer.hpp"
 #include "tether/protocol/scope.hpp"
 
@@ -47,15 +46,14 @@ inline story_outcome read_story_outcome(const std::filesystem::path& dir) {
   auto db = (dir / "tether.db").string();
   auto w = persistence::writer::open(persistence::db_options{db});
   REQUIRE(w);
-  persistence::report_store reports(**w, db);
-  persistence::receipt_store receipts(**w, db);
-  auto msgs = reports.messages(k_story_owner);
+  persistence::task_store store(**w, db);
+  auto msgs = store.messages(k_story_owner);
   REQUIRE(msgs);
-  auto session = reports.session(k_story_owner);
+  auto session = store.session(k_story_owner);
   REQUIRE(session);
   REQUIRE(*session);
   o.claimed = (*session)->time_suspended.has_value();
-  auto inbox = reports.inbox(k_story_owner);
+  auto inbox = store.inbox(k_story_owner);
   REQUIRE(inbox);
   for (auto& r : *inbox) {
     o.pending_inbox += r.acked ? 0 : 1;
@@ -63,14 +61,14 @@ inline story_outcome read_story_outcome(const std::filesystem::path& dir) {
   }
   for (auto& m : *msgs) o.texts.push_back(m.text);
   REQUIRE((*session)->turn);
-  auto jobs = receipts.jobs_of_turn(k_story_owner, *(*session)->turn);
+  auto jobs = store.jobs_of_turn(k_story_owner, *(*session)->turn);
   REQUIRE(jobs);
   for (auto& j : *jobs) {
     char key = j.id.str().back();
     auto& jo = o.jobs[key];
     jo.id = j.id;
     jo.state = j.state;
-    auto rs = receipts.receipts_of(j.id);
+    auto rs = store.receipts_of(j.id);
     REQUIRE(rs);
     for (auto& r : *rs) {
       if (r.transition == protocol::transition::started) continue;

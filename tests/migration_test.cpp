@@ -28,8 +28,7 @@
 #include "fault_support.hpp"
 #include "jobs_story_support.hpp"
 #include "sandbox_support.hpp"
-#include "tether/persistence/receipt_store.hpp"
-#include "tether/persistence/report_store.hpp"
+#include "tether/persistence/task_store.hpp"
 
 using namespace tether;
 namespace fs = std::filesystem;
@@ -99,11 +98,10 @@ TEST_CASE(
     auto db = (root.path() / sub / "tether.db").string();
     auto w = persistence::writer::open(persistence::db_options{db});
     REQUIRE(w);
-    persistence::report_store reports(**w, db);
-    persistence::receipt_store receipts(**w, db);
-    auto subagents = reports.jobs();
-    auto shells = receipts.all_jobs();
-    auto all_receipts = receipts.all_receipts();
+    persistence::task_store store(**w, db);
+    auto subagents = store.jobs();
+    auto shells = store.all_jobs();
+    auto all_receipts = store.all_receipts();
     (*w)->stop();
     REQUIRE(subagents);
     REQUIRE(shells);

@@ -14,7 +14,7 @@
 
 #include "catch_result.hpp"
 #include "support.hpp"
-#include "tether/persistence/report_store.hpp"
+#include "tether/persistence/task_store.hpp"
 #include "tether/persistence/writer.hpp"
 #include "tether/protocol/ids.hpp"
 
@@ -356,7 +356,7 @@ TEST_CASE("staging a revert on a missing session is an error, not a success") {
   test::scratch_dir dir("revert_missing");
   auto path = dir.file("t.db");
   auto w = open_writer(path);
-  report_store store(*w, path);
+  task_store store(*w, path);
   auto r = test::run(store.set_revert(session_id("nobody"), true));
   REQUIRE_FALSE(r);
   CHECK(r.error().code == errc::not_found);
@@ -369,7 +369,7 @@ TEST_CASE("one admit batch enters the inbox in outbox order, not notification id
   test::scratch_dir dir("admit_order");
   auto path = dir.file("t.db");
   auto w = open_writer(path);
-  report_store store(*w, path);
+  task_store store(*w, path);
   REQUIRE(test::run(store.create_session(session_named("parent"))));
   std::vector<report_item> first{{notification_id("msg_c"), {}, "third by name"},
                                  {notification_id("msg_a"), {}, "first by name"},
@@ -394,7 +394,7 @@ TEST_CASE("a child is created in its parent's tenant") {
   test::scratch_dir dir("tenant");
   auto path = dir.file("t.db");
   auto w = open_writer(path);
-  report_store store(*w, path);
+  task_store store(*w, path);
   auto parent = session_named("parent");
   parent.tenant = protocol::tenant_id("acme");
   REQUIRE(test::run(store.create_session(parent)));
@@ -417,7 +417,7 @@ TEST_CASE("an id minted after the wall clock stepped back sorts after every id i
   std::string stored = std::string("ses") + tail;
   {
     auto w = open_writer(path);
-    report_store store(*w, path);
+    task_store store(*w, path);
     REQUIRE(test::run(store.create_session(session_named(stored))));
   }
   auto w = open_writer(path);  // a new boot reads what the store holds
@@ -463,4 +463,61 @@ TEST_CASE("a new database and its side files are 0600 whatever the umask") {
     CHECK((perms & std::filesystem::perms::all) ==
           (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
   }
+}
+
+TEST_CASE("deleting a session drops what was owed to it and keeps its tasks as history") {
+  test::scratch_dir dir("delete_session");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  task_store store(*w, path);
+  REQUIRE(test::run(store.create_session(session_named("parent"))));
+  REQUIRE(test::run(store.begin_busy(session_id("parent"))));  // a turn to bind the receipt to
+  job_row job;
+  job.id = job_id("msg_owed");
+  job.nid = notification_id("msg_owed");
+  job.parent = session_id("parent");
+  job.child = session_id("child");
+  job.description = "audit";
+  REQUIRE(test::run(store.spawn(session_named("child", "parent"), session_id("child"), "go", job)));
+  REQUIRE(test::run(store.begin_busy(session_id("child"))));
+  settle_request req;
+  req.child = session_id("child");
+  req.background_job = job.id;
+  req.body = "the report";
+  auto settled = test::run(store.settle(req));
+  REQUIRE(settled);
+  REQUIRE(settled->row_written);
+  REQUIRE(test::run(
+      store.admit(session_id("parent"), {{notification_id("msg_other"), {}, "x"}}, false)));
+  REQUIRE(test::run(store.append(session_id("parent"), "user", "prompt", "completed", "hi")));
+
+  auto d = test::run(store.delete_session(session_id("parent")));
+  REQUIRE(d);
+  CHECK(*d == 1);  // the child's report, owed to the parent
+  auto gone = store.session(session_id("parent"));
+  REQUIRE(gone);
+  CHECK_FALSE(gone->has_value());
+  auto msgs = store.messages(session_id("parent"));
+  REQUIRE(msgs);
+  CHECK(msgs->empty());
+  auto inbox = store.inbox(session_id("parent"));
+  REQUIRE(inbox);
+  CHECK(inbox->empty());
+  auto r = store.receipt_by_id(protocol::make_event_id(job.id, protocol::transition::completed));
+  REQUIRE(r);
+  REQUIRE(*r);
+  CHECK((*r)->state == receipt_state::dropped);
+  auto tasks = store.jobs();
+  REQUIRE(tasks);
+  REQUIRE(tasks->size() == 1);  // the task stays, terminal, owed to nobody
+  CHECK(tasks->front().status == job_status::completed);
+  CHECK_FALSE(tasks->front().owed);
+  auto child = store.session(session_id("child"));
+  REQUIRE(child);
+  CHECK(child->has_value());  // children stay sessions of their own
+
+  auto again = test::run(store.delete_session(session_id("parent")));
+  REQUIRE_FALSE(again);
+  CHECK(again.error().code == errc::not_found);
+  CHECK(again.error().message.find("'parent' does not exist") != std::string::npos);
 }

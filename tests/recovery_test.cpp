@@ -188,7 +188,7 @@ TEST_CASE(
   f.parent_spawns("child");
   REQUIRE(f.sync(f.host->wait_idle(session_id("parent"))));
   f.sync(f.host->wait_quiescent(false));  // report 1 delivered; the shell runs on
-  auto live = f.host->receipts().live_jobs();
+  auto live = f.host->store().live_jobs();
   REQUIRE(live);
   REQUIRE(live->size() == 1);
   auto job = live->front().id;
@@ -228,7 +228,7 @@ TEST_CASE(
   f.quiet();
   // Recovery found the job ended, or followed it to its end: one way or the other.
   CHECK(f.boot.jobs.finished_while_down + f.boot.jobs.reattached == 1);
-  auto done = f.host->receipts().job(job);
+  auto done = f.host->store().job(job);
   REQUIRE(done);
   REQUIRE(*done);
   CHECK((*done)->state == persistence::owned_state::completed);
@@ -247,7 +247,7 @@ TEST_CASE(
   f.parent_spawns("child");
   REQUIRE(f.sync(f.host->wait_idle(session_id("parent"))));
   f.sync(f.host->wait_quiescent(false));  // report 1 delivered; the shell runs on
-  auto live = f.host->receipts().live_jobs();
+  auto live = f.host->store().live_jobs();
   REQUIRE(live);
   REQUIRE(live->size() == 1);
   auto job = live->front().id;
@@ -259,7 +259,7 @@ TEST_CASE(
   REQUIRE(*stopped);
   f.open();  // boot succeeds: recovery started the local daemon again
   f.quiet();
-  auto done = f.host->receipts().job(job);
+  auto done = f.host->store().job(job);
   REQUIRE(done);
   REQUIRE(*done);
   CHECK(persistence::is_terminal((*done)->state));

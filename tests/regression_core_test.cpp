@@ -495,7 +495,7 @@ TEST_CASE("a job followed since recovery that ends during boot wakes nobody befo
     co_return hp->jobs().held_handovers();
   };
   CHECK(runtime::sync_wait(ex, held(&h)) == 1);
-  auto pending = h.receipts().receipt_by_id(protocol::make_event_id(j, transition::completed));
+  auto pending = h.store().receipt_by_id(protocol::make_event_id(j, transition::completed));
   REQUIRE(pending);
   REQUIRE(*pending);
   CHECK((*pending)->state == receipt_state::pending);
@@ -506,7 +506,7 @@ TEST_CASE("a job followed since recovery that ends during boot wakes nobody befo
   h.jobs().sessions_resumed();
   runtime::sync_wait(ex, h.jobs().wait_idle());
   runtime::sync_wait(ex, h.wait_quiescent());
-  auto after = h.receipts().receipt_by_id(protocol::make_event_id(j, transition::completed));
+  auto after = h.store().receipt_by_id(protocol::make_event_id(j, transition::completed));
   REQUIRE(after);
   REQUIRE(*after);
   CHECK((*after)->state == receipt_state::acked);

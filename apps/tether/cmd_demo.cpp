@@ -15,7 +15,7 @@
 
 #include "command.hpp"
 #include "tether/actors/host.hpp"
-#include "tether/persistence/receipt_store.hpp"
+#include "tether/persistence/task_store.hpp"
 #include "tether/runtime/sync_wait.hpp"
 #include "tether/sandbox/daemon_process.hpp"
 #include "tether/sandbox/state_dir.hpp"
@@ -227,18 +227,17 @@ jobs_check print_jobs(const fs::path& dir) {
     std::cout << "  cannot open " << db << ": " << w.error().message << "\n";
     return c;
   }
-  persistence::report_store reports(**w, db);
-  persistence::receipt_store receipts(**w, db);
+  persistence::task_store store(**w, db);
   session_id owner("ses_owner");
-  auto s = reports.session(owner);
-  auto msgs = reports.messages(owner);
+  auto s = store.session(owner);
+  auto msgs = store.messages(owner);
   if (s && *s && (*s)->turn && msgs) {
-    auto jobs = receipts.jobs_of_turn(owner, *(*s)->turn);
+    auto jobs = store.jobs_of_turn(owner, *(*s)->turn);
     for (auto& j : jobs ? *jobs : std::vector<persistence::owned_job>{}) {
       ++c.jobs;
       std::cout << "  " << j.id.str() << "  " << persistence::to_string(j.state) << "  ("
                 << j.preview << ")\n";
-      auto rs = receipts.receipts_of(j.id);
+      auto rs = store.receipts_of(j.id);
       for (auto& r : rs ? *rs : std::vector<persistence::receipt>{}) {
         std::cout << "    receipt " << r.id.str() << ": " << persistence::to_string(r.state)
                   << "\n";

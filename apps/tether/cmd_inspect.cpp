@@ -7,8 +7,7 @@
 #include <sstream>
 
 #include "command.hpp"
-#include "tether/persistence/receipt_store.hpp"
-#include "tether/persistence/report_store.hpp"
+#include "tether/persistence/task_store.hpp"
 #include "tether/protocol/json.hpp"
 
 namespace tether::cli {
@@ -33,7 +32,7 @@ struct snapshot {
 result<snapshot> read_snapshot(const std::string& path) {
   auto version = persistence::check_readable(path);
   if (!version) return version.error();
-  persistence::report_reader reader(path);
+  persistence::task_reader reader(path);
   snapshot s{path, *version, {}, {}, {}, {}, {}};
   auto sessions = reader.sessions();
   if (!sessions) return sessions.error();
@@ -46,11 +45,10 @@ result<snapshot> read_snapshot(const std::string& path) {
     if (!inbox) return inbox.error();
     s.inboxes.emplace_back(row.id.str(), std::move(*inbox));
   }
-  persistence::receipt_reader receipts(path);
-  auto owned = receipts.all_jobs();
+  auto owned = reader.all_jobs();
   if (!owned) return owned.error();
   s.owned = std::move(*owned);
-  auto rs = receipts.all_receipts();
+  auto rs = reader.all_receipts();
   if (!rs) return rs.error();
   s.receipts = std::move(*rs);
   return s;

@@ -1,7 +1,7 @@
-#include "tether/persistence/receipt_store.hpp"
-
 #include <SQLiteCpp/Statement.h>
 
+#include "tether/persistence/task_store.hpp"
+#include "tether/persistence/task_transitions.hpp"
 #include "tether/protocol/json.hpp"
 #include "tether/protocol/payloads.hpp"
 #include "tether/protocol/sandbox_wire.hpp"
@@ -178,26 +178,6 @@ result<std::optional<T>> first_of(result<std::vector<T>> all) {
   return std::optional<T>(std::move(all->front()));
 }
 
-// Returns the receipt's created_at.
-std::int64_t insert_receipt(SQLite::Database& db, const job_id& job, transition t,
-                            const std::string& scope, const std::string& body,
-                            receipt_state state) {
-  auto& st = cached_statement(db,
-                              "INSERT INTO receipts (id, task_id, transition, scope, body, state, "
-                              "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
-  auto now = now_ms();
-  st.bind(1, protocol::make_event_id(job, t).str());
-  st.bind(2, job.str());
-  st.bind(3, std::string(protocol::to_string(t)));
-  st.bind(4, scope);
-  st.bind(5, body);
-  st.bind(6, std::string(to_string(state)));
-  st.bind(7, now);
-  st.bind(8, now);
-  st.exec();
-  return now;
-}
-
 // Moves a pending receipt to `to`; true if it was pending.
 result<bool> settle_receipt(SQLite::Database& db, const event_id& id, receipt_state to) {
   auto& st = cached_statement(
@@ -210,26 +190,26 @@ result<bool> settle_receipt(SQLite::Database& db, const event_id& id, receipt_st
 
 }  // namespace
 
-result<std::optional<owned_job>> receipt_reader::job(const job_id& id) {
+result<std::optional<owned_job>> task_reader::job(const job_id& id) {
   return first_of(read_all<owned_job>(
       readers_, std::string("SELECT ") + k_job_cols + " FROM tasks WHERE id = ? AND kind = 'shell'",
       "reading owned job " + id.str(), {id.str()}, decode_job));
 }
 
-result<std::vector<owned_job>> receipt_reader::all_jobs() {
+result<std::vector<owned_job>> task_reader::all_jobs() {
   return read_all<owned_job>(readers_,
                              std::string("SELECT ") + k_job_cols +
                                  " FROM tasks WHERE kind = 'shell' ORDER BY created_at, id",
                              "reading owned jobs", {}, decode_job);
 }
 
-result<std::vector<receipt>> receipt_reader::all_receipts() {
+result<std::vector<receipt>> task_reader::all_receipts() {
   return read_all<receipt>(
       readers_, std::string("SELECT ") + k_receipt_cols + " FROM receipts ORDER BY created_at, id",
       "reading receipts", {}, decode_receipt);
 }
 
-result<std::vector<owned_job>> receipt_reader::live_jobs() {
+result<std::vector<owned_job>> task_reader::live_jobs() {
   return read_all<owned_job>(
       readers_,
       std::string("SELECT ") + k_job_cols +
@@ -240,8 +220,8 @@ result<std::vector<owned_job>> receipt_reader::live_jobs() {
       "reading live owned jobs", {}, decode_job);
 }
 
-result<std::vector<owned_job>> receipt_reader::jobs_of_turn(const protocol::session_id& thread,
-                                                            const protocol::turn_id& turn) {
+result<std::vector<owned_job>> task_reader::jobs_of_turn(const protocol::session_id& thread,
+                                                         const protocol::turn_id& turn) {
   return read_all<owned_job>(readers_,
                              std::string("SELECT ") + k_job_cols +
                                  " FROM tasks WHERE thread = ? AND turn = ? AND kind = 'shell' "
@@ -250,7 +230,7 @@ result<std::vector<owned_job>> receipt_reader::jobs_of_turn(const protocol::sess
                              decode_job);
 }
 
-result<std::vector<receipt>> receipt_reader::pending_receipts() {
+result<std::vector<receipt>> task_reader::pending_receipts() {
   return read_all<receipt>(readers_,
                            std::string("SELECT ") + k_receipt_cols +
                                " FROM receipts WHERE state NOT IN ('acked','read','dropped') "
@@ -258,20 +238,20 @@ result<std::vector<receipt>> receipt_reader::pending_receipts() {
                            "reading pending receipts", {}, decode_receipt);
 }
 
-result<std::optional<receipt>> receipt_reader::receipt_by_id(const event_id& id) {
+result<std::optional<receipt>> task_reader::receipt_by_id(const event_id& id) {
   return first_of(read_all<receipt>(
       readers_, std::string("SELECT ") + k_receipt_cols + " FROM receipts WHERE id = ?",
       "reading receipt " + id.str(), {id.str()}, decode_receipt));
 }
 
-result<std::vector<receipt>> receipt_reader::receipts_of(const job_id& job) {
+result<std::vector<receipt>> task_reader::receipts_of(const job_id& job) {
   return read_all<receipt>(readers_,
                            std::string("SELECT ") + k_receipt_cols +
                                " FROM receipts WHERE task_id = ? ORDER BY created_at, id",
                            "reading receipts of " + job.str(), {job.str()}, decode_receipt);
 }
 
-result<std::optional<std::uint64_t>> receipt_reader::bound_generation(
+result<std::optional<std::uint64_t>> task_reader::bound_generation(
     const protocol::sandbox_id& sandbox) {
   auto decode = [](SQLite::Statement& q) -> result<std::uint64_t> {
     auto g = q.getColumn(0).getInt64();
@@ -283,7 +263,7 @@ result<std::optional<std::uint64_t>> receipt_reader::bound_generation(
                               "reading sandbox " + sandbox.str(), {sandbox.str()}, decode));
 }
 
-awaitable<result<void>> receipt_store::admit(owned_job j) {
+awaitable<result<void>> task_store::admit_job(owned_job j) {
   auto name = "admit owned job " + j.id.str();
   auto fn = [j = std::move(j)](SQLite::Database& db) -> result<void> {
     auto& st =
@@ -310,7 +290,7 @@ awaitable<result<void>> receipt_store::admit(owned_job j) {
   co_return co_await w_.write(std::move(name), 256, std::move(fn));
 }
 
-awaitable<result<bool>> receipt_store::mark_running(job_id id) {
+awaitable<result<bool>> task_store::mark_running(job_id id) {
   auto name = "owned job running " + id.str();
   auto fn = [id = std::move(id)](SQLite::Database& db) -> result<bool> {
     auto& st = cached_statement(db,
@@ -322,13 +302,13 @@ awaitable<result<bool>> receipt_store::mark_running(job_id id) {
     if (!st.executeStep()) return false;
     auto scope = st.getColumn(0).getString();
     st.reset();
-    insert_receipt(db, id, transition::started, scope, "started", receipt_state::acked);
+    insert_receipt_row(db, id, transition::started, scope, "started", "acked");
     return true;
   };
   co_return co_await w_.write(std::move(name), 128, std::move(fn));
 }
 
-awaitable<result<std::optional<receipt>>> receipt_store::finish(
+awaitable<result<std::optional<receipt>>> task_store::finish(
     job_id id, owned_state terminal, std::optional<protocol::shell_completion> completion,
     std::string body) {
   if (!is_terminal(terminal))
@@ -338,37 +318,31 @@ awaitable<result<std::optional<receipt>>> receipt_store::finish(
   std::size_t bytes = body.size() + 256;
   auto fn = [id = std::move(id), terminal, completion = std::move(completion),
              body = std::move(body)](SQLite::Database& db) -> result<std::optional<receipt>> {
-    auto& st =
-        cached_statement(db,
-                         "UPDATE tasks SET state = ?, completion = ?, updated_at = ? "
-                         "WHERE id = ? AND kind = 'shell' AND state IN ('admitted','running') "
-                         "RETURNING scope");
-    st.bind(1, std::string(to_string(terminal)));
-    if (completion)
-      st.bind(2, protocol::to_text(protocol::sandbox::to_json(*completion)));
-    else
-      st.bind(2);
-    st.bind(3, now_ms());
-    st.bind(4, id.str());
-    if (!st.executeStep()) return std::optional<receipt>{};  // the first terminal one won already
-    auto scope_text = st.getColumn(0).getString();
-    st.reset();
+    terminal_write tw;
+    tw.task = id;
+    tw.kind = "shell";
+    tw.state = to_string(terminal);
+    tw.transition = transition_of(terminal);
+    if (completion) tw.completion = protocol::to_text(protocol::sandbox::to_json(*completion));
+    tw.receipt_body = body;
+    auto won = terminal_transition(db, tw);
+    if (!won) return std::optional<receipt>{};  // the first terminal one won already
     auto scope = protocol::decode_text<owner_scope>(
-        scope_text, [](const json::value& v) { return protocol::scope_from_json(v); });
+        won->scope, [](const json::value& v) { return protocol::scope_from_json(v); });
     if (!scope) return corrupt_row("tasks", id.str(), "scope: " + scope.error().describe());
     receipt r;
-    r.transition = transition_of(terminal);
+    r.transition = tw.transition;
     r.id = protocol::make_event_id(id, r.transition);
     r.job = id;
     r.scope = std::move(*scope);
     r.body = body;
-    r.created_at = insert_receipt(db, id, r.transition, scope_text, body, receipt_state::pending);
+    r.created_at = won->created_at;
     return std::optional<receipt>(std::move(r));
   };
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
-awaitable<result<bool>> receipt_store::ack(event_id id) {
+awaitable<result<bool>> task_store::ack(event_id id) {
   auto name = "ack receipt " + id.str();
   auto fn = [id = std::move(id)](SQLite::Database& db) {
     return settle_receipt(db, id, receipt_state::acked);
@@ -376,7 +350,7 @@ awaitable<result<bool>> receipt_store::ack(event_id id) {
   co_return co_await w_.write(std::move(name), 64, std::move(fn));
 }
 
-awaitable<result<bool>> receipt_store::mark_read(event_id id) {
+awaitable<result<bool>> task_store::mark_read(event_id id) {
   auto name = "receipt read by status " + id.str();
   // From acked too: a steered receipt is acknowledged on acceptance, before
   // the session's drain shows it; a read then keeps it from being shown.
@@ -391,7 +365,7 @@ awaitable<result<bool>> receipt_store::mark_read(event_id id) {
   co_return co_await w_.write(std::move(name), 64, std::move(fn));
 }
 
-awaitable<result<int>> receipt_store::drop(std::vector<event_id> ids) {
+awaitable<result<int>> task_store::drop(std::vector<event_id> ids) {
   auto name = "drop " + std::to_string(ids.size()) + " receipt(s)";
   auto fn = [ids = std::move(ids)](SQLite::Database& db) -> result<int> {
     int n = 0;
@@ -405,8 +379,8 @@ awaitable<result<int>> receipt_store::drop(std::vector<event_id> ids) {
   co_return co_await w_.write(std::move(name), 64, std::move(fn));
 }
 
-awaitable<result<void>> receipt_store::bind_sandbox(protocol::sandbox_id sandbox,
-                                                    std::uint64_t generation) {
+awaitable<result<void>> task_store::bind_sandbox(protocol::sandbox_id sandbox,
+                                                 std::uint64_t generation) {
   auto name = "bind sandbox " + sandbox.str();
   auto fn = [sandbox = std::move(sandbox), generation](SQLite::Database& db) {
     auto& st = cached_statement(db,

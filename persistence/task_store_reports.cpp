@@ -1,7 +1,7 @@
-#include "tether/persistence/report_store.hpp"
-
 #include <SQLiteCpp/Statement.h>
 
+#include "tether/persistence/task_store.hpp"
+#include "tether/persistence/task_transitions.hpp"
 #include "tether/protocol/json.hpp"
 #include "tether/protocol/payloads.hpp"
 #include "tether/protocol/scope.hpp"
@@ -73,9 +73,6 @@ std::int64_t append_in_tx(SQLite::Database& db, const std::string& s, const std:
 }
 
 void insert_subagent_started(SQLite::Database& db, const job_row& r);
-void insert_subagent_terminal(SQLite::Database& db, const job_id& job,
-                              const std::optional<session_id>& parent, protocol::transition t,
-                              const std::string& body, std::string_view state);
 
 protocol::transition transition_of(job_status terminal) {
   return terminal == job_status::completed ? protocol::transition::completed
@@ -110,88 +107,23 @@ void insert_job(SQLite::Database& db, const job_row& r) {
   // A terminal subagent row is written with its report owed: its terminal
   // receipt, pending, is the outbox.
   if (r.kind == "subagent" && r.status != job_status::running)
-    insert_subagent_terminal(db, r.id, r.parent, transition_of(r.status), r.body.value_or(""),
-                             "pending");
+    insert_receipt_row(db, r.id, transition_of(r.status), receipt_scope(db, r.id, "", r.parent),
+                       r.body.value_or(""), "pending");
 }
 
-// A background subagent job's receipts: `started` when its running row is
-// written, bound to the parent's tenant, thread and current turn (no sandbox),
-// and its terminal receipt when the settle makes the row terminal, with the
-// same scope. The report path delivers it; complete() acknowledges it.
-// The scope a parent's reports are owed under: its tenant, the parent as the
-// thread, its current turn (no sandbox). nullopt if the parent is gone.
-std::optional<protocol::owner_scope> parent_scope(SQLite::Database& db, const session_id& parent) {
-  auto& q = cached_statement(db, "SELECT tenant, coalesce(turn, '') FROM sessions WHERE id = ?");
-  q.bind(1, parent.str());
-  std::optional<protocol::owner_scope> out;
-  if (q.executeStep()) {
-    out.emplace();
-    out->tenant = protocol::tenant_id(q.getColumn(0).getString());
-    out->thread = parent;
-    out->turn = protocol::turn_id(q.getColumn(1).getString());
-  }
-  q.reset();
-  return out;
-}
-
+// A background subagent task's `started` receipt, written with its running
+// row and bound to the parent's tenant, thread and current turn (no
+// sandbox); its terminal receipt, with the same scope, is written by the
+// settle's terminal transition (task_transitions.hpp) and delivered by the
+// report path.
 void insert_subagent_started(SQLite::Database& db, const job_row& r) {
   if (r.kind != "subagent" || r.mode != "background" || r.status != job_status::running ||
       !r.parent)
     return;
   auto scope = parent_scope(db, *r.parent);
   if (!scope) return;
-  auto& st =
-      cached_statement(db,
-                       "INSERT OR IGNORE INTO receipts (id, task_id, transition, scope, body, "
-                       "state, created_at, updated_at) VALUES (?, ?, 'started', ?, 'started', "
-                       "'acked', ?, ?)");
-  auto now = now_ms();
-  st.bind(1, protocol::make_event_id(r.id, protocol::transition::started).str());
-  st.bind(2, r.id.str());
-  st.bind(3, protocol::to_text(protocol::to_json(*scope)));
-  st.bind(4, now);
-  st.bind(5, now);
-  st.exec();
-}
-
-// The terminal receipt of a subagent task: the only outbox of its report.
-// Bound to the scope of its `started` receipt (the parent's tenant, thread
-// and turn when the task was spawned); a none-mode task, minted at settle,
-// has no `started` receipt and is bound to its parent's scope now. A parent
-// that is gone still gets the receipt (boot finds nobody owed it and drops it).
-void insert_subagent_terminal(SQLite::Database& db, const job_id& job,
-                              const std::optional<session_id>& parent, protocol::transition t,
-                              const std::string& body, std::string_view state) {
-  std::string scope;
-  {
-    auto& q = cached_statement(db, "SELECT scope FROM receipts WHERE id = ?");
-    q.bind(1, protocol::make_event_id(job, protocol::transition::started).str());
-    if (q.executeStep()) scope = q.getColumn(0).getString();
-    q.reset();
-  }
-  if (scope.empty()) {
-    protocol::owner_scope s;
-    s.tenant = protocol::tenant_id("default");
-    if (parent) {
-      s.thread = *parent;
-      if (auto p = parent_scope(db, *parent)) s = std::move(*p);
-    }
-    scope = protocol::to_text(protocol::to_json(s));
-  }
-  auto& st =
-      cached_statement(db,
-                       "INSERT OR IGNORE INTO receipts (id, task_id, transition, scope, body, "
-                       "state, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
-  auto now = now_ms();
-  st.bind(1, protocol::make_event_id(job, t).str());
-  st.bind(2, job.str());
-  st.bind(3, std::string(protocol::to_string(t)));
-  st.bind(4, scope);
-  st.bind(5, body);
-  st.bind(6, std::string(state));
-  st.bind(7, now);
-  st.bind(8, now);
-  st.exec();
+  insert_receipt_row(db, r.id, protocol::transition::started,
+                     protocol::to_text(protocol::to_json(*scope)), "started", "acked");
 }
 
 void insert_session(SQLite::Database& db, const session_row& r) {
@@ -370,12 +302,12 @@ constexpr const char* k_job_cols =
 
 }  // namespace
 
-awaitable<result<void>> report_store::validate() {
+awaitable<result<void>> task_store::validate() {
   auto fn = [](SQLite::Database& db) { return validate_rows(db); };
   co_return co_await w_.write("validate persisted rows", 0, std::move(fn));
 }
 
-awaitable<result<std::vector<session_id>>> report_store::claims_woken_by_inbox() {
+awaitable<result<std::vector<session_id>>> task_store::claims_woken_by_inbox() {
   auto fn = [](SQLite::Database& db) {
     // Inbox items reach the transcript as user 'report' or 'notice' messages
     // (take_inbox); a prompt or steer past the cursor is a caller's input
@@ -398,15 +330,14 @@ awaitable<result<std::vector<session_id>>> report_store::claims_woken_by_inbox()
   co_return co_await w_.write("find claims woken by their inbox", 0, std::move(fn));
 }
 
-awaitable<result<void>> report_store::create_session(session_row row) {
+awaitable<result<void>> task_store::create_session(session_row row) {
   auto name = "create session " + row.id.str();
   auto fn = [row = std::move(row)](SQLite::Database& db) { insert_session(db, row); };
   co_return co_await w_.write(std::move(name), 128, std::move(fn));
 }
 
-awaitable<result<std::int64_t>> report_store::append(session_id s, std::string role,
-                                                     std::string kind, std::string status,
-                                                     std::string text) {
+awaitable<result<std::int64_t>> task_store::append(session_id s, std::string role, std::string kind,
+                                                   std::string status, std::string text) {
   auto name = "append " + kind + " to " + s.str();
   std::size_t bytes = text.size() + 64;
   auto fn = [s = std::move(s), role = std::move(role), kind = std::move(kind),
@@ -416,7 +347,7 @@ awaitable<result<std::int64_t>> report_store::append(session_id s, std::string r
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
-awaitable<result<report_store::busy_start>> report_store::begin_busy(session_id s) {
+awaitable<result<task_store::busy_start>> task_store::begin_busy(session_id s) {
   auto name = "begin busy period of " + s.str();
   auto fn = [s = std::move(s)](SQLite::Database& db) -> result<busy_start> {
     // A period that resumes a claim (the host died mid-turn) keeps its turn.
@@ -440,10 +371,10 @@ awaitable<result<report_store::busy_start>> report_store::begin_busy(session_id 
   co_return co_await w_.write(std::move(name), 32, std::move(fn));
 }
 
-awaitable<result<std::int64_t>> report_store::spawn(std::optional<session_row> create,
-                                                    session_id child, std::string prompt,
-                                                    std::optional<job_row> job,
-                                                    std::optional<bool> notify_update) {
+awaitable<result<std::int64_t>> task_store::spawn(std::optional<session_row> create,
+                                                  session_id child, std::string prompt,
+                                                  std::optional<job_row> job,
+                                                  std::optional<bool> notify_update) {
   auto name = "spawn " + child.str();
   std::size_t bytes = prompt.size() + 256;
   auto fn = [create = std::move(create), child = std::move(child), prompt = std::move(prompt),
@@ -473,7 +404,7 @@ awaitable<result<std::int64_t>> report_store::spawn(std::optional<session_row> c
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
-awaitable<result<settle_result>> report_store::settle(settle_request req) {
+awaitable<result<settle_result>> task_store::settle(settle_request req) {
   auto name = "settle " + req.child.str();
   std::size_t bytes = req.body.size() + 128;
   auto fn = [req = std::move(req)](SQLite::Database& db) {
@@ -496,25 +427,19 @@ awaitable<result<settle_result>> report_store::settle(settle_request req) {
                                                                            : job_status::cancelled;
     auto receipt_transition = transition_of(terminal);
     if (req.background_job) {
-      // Only a running row becomes terminal (the compare-and-set): a settle
-      // after the report went out finds the row terminal and writes nothing.
-      auto& up = cached_statement(db,
-                                  "UPDATE tasks SET state = ?, body = ?, updated_at = ? "
-                                  "WHERE id = ? AND state = 'running' RETURNING parent_id");
-      up.bind(1, task_state_word(terminal));
-      up.bind(2, req.body);
-      up.bind(3, now);
-      up.bind(4, req.background_job->str());
-      bool moved = up.executeStep();
-      std::optional<session_id> parent;
-      if (moved)
-        if (auto p = opt_text(up.getColumn(0))) parent = session_id(*p);
-      up.reset();
-      // The terminal receipt is the report's outbox; a silenced link owes no
-      // report, so its receipt is written dropped.
-      if (moved)
-        insert_subagent_terminal(db, *req.background_job, parent, receipt_transition, req.body,
-                                 req.drop_background ? "dropped" : "pending");
+      // The terminal compare-and-set with the report's outbox, its terminal
+      // receipt: a settle after the report went out finds the row terminal
+      // and writes nothing. A silenced link owes no report, so its receipt is
+      // written dropped.
+      terminal_write tw;
+      tw.task = *req.background_job;
+      tw.kind = "subagent";
+      tw.state = task_state_word(terminal);
+      tw.transition = receipt_transition;
+      tw.body = req.body;
+      tw.receipt_body = req.body;
+      tw.receipt_state = req.drop_background ? "dropped" : "pending";
+      bool moved = terminal_transition(db, tw).has_value();
       out.row_written = moved && !req.drop_background;
     } else if (req.mint_none) {
       job_row r;
@@ -534,7 +459,7 @@ awaitable<result<settle_result>> report_store::settle(settle_request req) {
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
-std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> report_store::admit_submit(
+std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> task_store::admit_submit(
     session_id to, std::vector<report_item> items, bool reports) {
   auto name = "admit " + std::to_string(items.size()) + " report(s) to " + to.str();
   std::size_t bytes = 64;
@@ -550,14 +475,14 @@ std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> report_store::admi
   return w_.submit(std::move(name), bytes, std::move(fn));
 }
 
-awaitable<result<std::vector<bool>>> report_store::admit(session_id to,
-                                                         std::vector<report_item> items,
-                                                         bool reports) {
+awaitable<result<std::vector<bool>>> task_store::admit(session_id to,
+                                                       std::vector<report_item> items,
+                                                       bool reports) {
   auto st = admit_submit(std::move(to), std::move(items), reports);
   co_return co_await st->async_wait(asio::use_awaitable);
 }
 
-awaitable<result<void>> report_store::complete(std::vector<notification_id> nids, bool delivered) {
+awaitable<result<void>> task_store::complete(std::vector<notification_id> nids, bool delivered) {
   auto name = "complete " + std::to_string(nids.size()) + " report(s)";
   std::size_t bytes = 32 * nids.size();
   auto fn = [nids = std::move(nids), delivered](SQLite::Database& db) {
@@ -567,7 +492,7 @@ awaitable<result<void>> report_store::complete(std::vector<notification_id> nids
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
-awaitable<result<std::vector<message_row>>> report_store::take_inbox(session_id s) {
+awaitable<result<std::vector<message_row>>> task_store::take_inbox(session_id s) {
   auto name = "acknowledge inbox of " + s.str();
   auto fn = [s = std::move(s)](SQLite::Database& db) {
     std::vector<std::pair<std::string, std::string>> pending;  // nid, body
@@ -614,8 +539,7 @@ awaitable<result<std::vector<message_row>>> report_store::take_inbox(session_id 
   co_return co_await w_.write(std::move(name), 64, std::move(fn));
 }
 
-awaitable<result<void>> report_store::set_job_policy(session_id s, bool notify,
-                                                     std::string policy) {
+awaitable<result<void>> task_store::set_job_policy(session_id s, bool notify, std::string policy) {
   if (policy != "withhold" && policy != "report_now")
     co_return error{errc::invalid, "job policy '" + policy +
                                        "' is not one of withhold, report_now; the session's "
@@ -634,7 +558,7 @@ awaitable<result<void>> report_store::set_job_policy(session_id s, bool notify,
   co_return co_await w_.write(std::move(name), 64, std::move(fn));
 }
 
-awaitable<result<void>> report_store::set_revert(session_id s, bool staged) {
+awaitable<result<void>> task_store::set_revert(session_id s, bool staged) {
   auto name = std::string(staged ? "stage" : "clear") + " revert on " + s.str();
   auto fn = [s = std::move(s), staged](SQLite::Database& db) -> result<void> {
     auto& st = cached_statement(db, "UPDATE sessions SET revert_staged = ? WHERE id = ?");
@@ -648,7 +572,32 @@ awaitable<result<void>> report_store::set_revert(session_id s, bool staged) {
   co_return co_await w_.write(std::move(name), 32, std::move(fn));
 }
 
-awaitable<result<int>> report_store::bump_resume(session_id s) {
+awaitable<result<int>> task_store::delete_session(session_id s) {
+  auto name = "delete session " + s.str();
+  auto fn = [s = std::move(s)](SQLite::Database& db) -> result<int> {
+    // Its transcript and inbox go with it (ON DELETE CASCADE); its tasks stay
+    // as history, and its children stay sessions of their own.
+    auto& del = cached_statement(db, "DELETE FROM sessions WHERE id = ?");
+    del.bind(1, s.str());
+    if (del.exec() != 1)
+      return error{errc::not_found,
+                   "session '" + s.str() + "' does not exist; nothing was deleted"};
+    // What was owed to it is owed to nobody now: the reports of its
+    // children's tasks and the notices of tasks launched under its scope.
+    auto& drop = cached_statement(
+        db,
+        "UPDATE receipts SET state = 'dropped', updated_at = ?1 WHERE state = 'pending' AND "
+        "EXISTS (SELECT 1 FROM tasks t WHERE t.id = receipts.task_id AND "
+        "(t.parent_id = ?2 OR t.thread = ?2))");
+    drop.bind(1, now_ms());
+    drop.bind(2, s.str());
+    int dropped = drop.exec();
+    return dropped;
+  };
+  co_return co_await w_.write(std::move(name), 64, std::move(fn));
+}
+
+awaitable<result<int>> task_store::bump_resume(session_id s) {
   auto name = "count a resume of " + s.str();
   auto fn = [s = std::move(s)](SQLite::Database& db) -> result<int> {
     auto& st =
@@ -663,7 +612,7 @@ awaitable<result<int>> report_store::bump_resume(session_id s) {
   co_return co_await w_.write(std::move(name), 32, std::move(fn));
 }
 
-awaitable<result<void>> report_store::write_job(job_row row) {
+awaitable<result<void>> task_store::write_job(job_row row) {
   auto name = "write job " + row.id.str();
   auto fn = [row = std::move(row)](SQLite::Database& db) { insert_job(db, row); };
   co_return co_await w_.write(std::move(name), 128, std::move(fn));
@@ -671,7 +620,7 @@ awaitable<result<void>> report_store::write_job(job_row row) {
 
 // --- reads ---
 
-result<std::optional<session_row>> report_reader::session(const session_id& s) {
+result<std::optional<session_row>> task_reader::session(const session_id& s) {
   try {
     auto db = readers_.acquire();
     auto& q = db.statement(std::string("SELECT ") + k_session_cols + " FROM sessions WHERE id = ?");
@@ -685,7 +634,7 @@ result<std::optional<session_row>> report_reader::session(const session_id& s) {
   }
 }
 
-result<std::vector<session_row>> report_reader::sessions() {
+result<std::vector<session_row>> task_reader::sessions() {
   try {
     auto db = readers_.acquire();
     auto& q = db.statement(std::string("SELECT ") + k_session_cols +
@@ -702,7 +651,7 @@ result<std::vector<session_row>> report_reader::sessions() {
   }
 }
 
-awaitable<result<std::optional<session_row>>> report_reader::load_session(session_id s) {
+awaitable<result<std::optional<session_row>>> task_reader::load_session(session_id s) {
   auto read = [this, s] { return session(s); };
   co_return co_await offload(std::move(read));
 }
@@ -728,11 +677,11 @@ result<std::vector<job_row>> read_jobs(reader_pool& readers, const char* where) 
 
 }  // namespace
 
-result<std::vector<job_row>> report_reader::jobs() {
+result<std::vector<job_row>> task_reader::jobs() {
   return read_jobs(readers_, "kind = 'subagent'");
 }
 
-result<std::vector<job_row>> report_reader::outstanding_jobs() {
+result<std::vector<job_row>> task_reader::outstanding_jobs() {
   // Running rows (tasks_live) and rows whose terminal receipt is pending
   // (receipts_pending): boot's work, without the delivered history.
   return read_jobs(readers_,
@@ -741,7 +690,7 @@ result<std::vector<job_row>> report_reader::outstanding_jobs() {
                    "transition != 'started'))");
 }
 
-result<std::int64_t> report_reader::user_ordinal(const session_id& s, std::int64_t seq) {
+result<std::int64_t> task_reader::user_ordinal(const session_id& s, std::int64_t seq) {
   try {
     auto db = readers_.acquire();
     auto& q = db.statement(
@@ -756,7 +705,7 @@ result<std::int64_t> report_reader::user_ordinal(const session_id& s, std::int64
   }
 }
 
-result<std::vector<message_row>> report_reader::messages(const session_id& s, std::int64_t after) {
+result<std::vector<message_row>> task_reader::messages(const session_id& s, std::int64_t after) {
   try {
     auto db = readers_.acquire();
     auto& q = db.statement(
@@ -776,7 +725,7 @@ result<std::vector<message_row>> report_reader::messages(const session_id& s, st
   }
 }
 
-result<std::vector<inbox_row>> report_reader::inbox(const session_id& s) {
+result<std::vector<inbox_row>> task_reader::inbox(const session_id& s) {
   try {
     auto db = readers_.acquire();
     auto& q = db.statement(
@@ -803,7 +752,7 @@ result<std::vector<inbox_row>> report_reader::inbox(const session_id& s) {
   }
 }
 
-result<std::vector<session_id>> report_reader::sessions_with_pending_inbox() {
+result<std::vector<session_id>> task_reader::sessions_with_pending_inbox() {
   try {
     auto db = readers_.acquire();
     auto& q = db.statement("SELECT DISTINCT session_id FROM inbox WHERE state = 'pending'");
@@ -815,8 +764,8 @@ result<std::vector<session_id>> report_reader::sessions_with_pending_inbox() {
   }
 }
 
-result<std::optional<message_row>> report_reader::last_assistant_after(const session_id& s,
-                                                                       std::int64_t after) {
+result<std::optional<message_row>> task_reader::last_assistant_after(const session_id& s,
+                                                                     std::int64_t after) {
   try {
     auto db = readers_.acquire();
     auto& q = db.statement(

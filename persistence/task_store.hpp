@@ -1,8 +1,15 @@
 #pragma once
-// Sessions, their transcript, the job outbox and the parent inbox: every state
-// transition of the report path as a named operation. Writes go through the
-// single writer (one request each, so each is one atomic unit inside a group
-// commit); reads go through the reader pool and never wait on the writer.
+// The task store: every named operation on the runtime's one SQLite file.
+// Sessions, their transcript and inbox, and the tasks of every kind with their
+// receipts: a subagent's busy period (its report is its task's terminal
+// receipt, written in the settle transaction with the child's idle state)
+// and an owned shell job (admitted, running, then one terminal
+// compare-and-set with its pending receipt). Receipts are the only outbox.
+//
+// Writes go through the single writer (one request each, so each is one
+// atomic unit inside a group commit); reads go through the reader pool and
+// never wait on the writer. All SQL is in persistence/: a second backend is a
+// new folder, not a rewrite.
 //
 // Persisted state that does not parse is refused with an error naming the
 // table, the key and the problem; it is never skipped or deleted.
@@ -14,13 +21,46 @@
 #include "tether/persistence/database.hpp"
 #include "tether/persistence/writer.hpp"
 #include "tether/protocol/ids.hpp"
+#include "tether/protocol/notice.hpp"
 #include "tether/protocol/report.hpp"
+#include "tether/protocol/scope.hpp"
 
 namespace tether::persistence {
 
 using protocol::job_id;
 using protocol::notification_id;
 using protocol::session_id;
+using protocol::event_id;
+using protocol::owner_scope;
+
+enum class owned_state { admitted, running, completed, failed, cancelled, lost };
+std::string_view to_string(owned_state s);
+bool is_terminal(owned_state s);
+/// The transition a terminal state is reached by.
+protocol::transition transition_of(owned_state terminal);
+
+struct owned_job {
+  job_id id;
+  owner_scope scope;  // supplied by the runtime at admission, never by the model
+  owned_state state = owned_state::admitted;
+  std::string preview;                                   // the scrubbed command preview
+  std::string channel = "api";                           // how it was launched: tool | cli | api
+  std::optional<protocol::shell_completion> completion;  // once terminal
+};
+
+enum class receipt_state { pending, acked, read, dropped };
+std::string_view to_string(receipt_state s);
+
+struct receipt {
+  event_id id;  // "<job>/<transition>"
+  job_id job;
+  protocol::transition transition = protocol::transition::started;
+  owner_scope scope;
+  std::string body;  // the notice the owner reads
+  receipt_state state = receipt_state::pending;
+  std::int64_t created_at = 0;
+};
+
 
 struct session_row {
   session_id id;
@@ -111,9 +151,9 @@ struct settle_result {
 /// The reads of the store, through read-only connections that never wait on
 /// the writer. On its own it serves tools like `tether inspect`, and never
 /// creates, migrates or writes the file; check_readable() it first.
-class report_reader {
+class task_reader {
  public:
-  explicit report_reader(std::string path) : readers_(std::move(path)) {}
+  explicit task_reader(std::string path) : readers_(std::move(path)) {}
 
   result<std::optional<session_row>> session(const session_id& s);
   /// session(), read off the caller's executor (offload): how an actor reads a row.
@@ -133,6 +173,27 @@ class report_reader {
   /// paging backwards 20 rows at a time.
   result<std::optional<message_row>> last_assistant_after(const session_id& s, std::int64_t after);
 
+  // Owned jobs and their receipts.
+
+  /// Every owned job, oldest first.
+  result<std::vector<owned_job>> all_jobs();
+  /// Every receipt, oldest first.
+  result<std::vector<receipt>> all_receipts();
+  result<std::optional<owned_job>> job(const job_id& id);
+  /// Jobs not yet terminal (admitted or running), oldest first. A row whose
+  /// state word is unknown is refused (errc::corrupt), never skipped.
+  result<std::vector<owned_job>> live_jobs();
+  /// Every job of one turn, oldest first.
+  result<std::vector<owned_job>> jobs_of_turn(const protocol::session_id& thread,
+                                              const protocol::turn_id& turn);
+  /// Receipts owed (pending), oldest first; an unknown state word is refused.
+  result<std::vector<receipt>> pending_receipts();
+  result<std::optional<receipt>> receipt_by_id(const event_id& id);
+  result<std::vector<receipt>> receipts_of(const job_id& job);
+  /// The generation this host is bound to for `sandbox`, if any.
+  result<std::optional<std::uint64_t>> bound_generation(const protocol::sandbox_id& sandbox);
+
+
   /// Runs `fn` (which calls the reads above) on the read threads and resumes
   /// the caller on its executor: how an actor reads (reader_pool::offload).
   template <class F>
@@ -144,9 +205,9 @@ class report_reader {
   reader_pool readers_;
 };
 
-class report_store : public report_reader {
+class task_store : public task_reader {
  public:
-  report_store(writer& w, std::string path) : report_reader(std::move(path)), w_(w) {}
+  task_store(writer& w, std::string path) : task_reader(std::move(path)), w_(w) {}
 
   writer& db_writer() { return w_; }
 
@@ -210,7 +271,36 @@ class report_store : public report_reader {
   /// does while its jobs run ("withhold" or "report_now").
   awaitable<result<void>> set_job_policy(session_id s, bool notify, std::string policy);
   awaitable<result<int>> bump_resume(session_id s);
+  /// Deletes a session with its transcript and inbox, in one transaction;
+  /// every receipt still pending for it (its children's reports, the notices
+  /// of tasks launched under its scope) is dropped: nobody is owed it any
+  /// more. Its tasks stay (terminal history); its children stay sessions,
+  /// without a parent to report to. Returns how many receipts were dropped;
+  /// errc::not_found (nothing written) if it does not exist.
+  awaitable<result<int>> delete_session(session_id s);
   awaitable<result<void>> write_job(job_row row);
+
+  // --- owned jobs and their receipts ---
+  /// Writes the owner before anything is dispatched; an existing id is refused.
+  awaitable<result<void>> admit_job(owned_job j);
+  /// admitted → running, with the `started` receipt (recorded, not delivered:
+  /// the launch already answered with the job id). False if not admitted.
+  awaitable<result<bool>> mark_running(job_id id);
+  /// The compare-and-set: admitted|running → `terminal`, with its pending
+  /// receipt, in one transaction; returns that receipt. nullopt (nothing
+  /// written) if the job was already terminal: the later transition is dropped.
+  awaitable<result<std::optional<receipt>>> finish(
+      job_id id, owned_state terminal, std::optional<protocol::shell_completion> completion,
+      std::string body);
+  /// pending → acked. False if it was not pending (acknowledging twice does nothing).
+  awaitable<result<bool>> ack(event_id id);
+  /// pending|acked → read: the owner read the result through a status call,
+  /// so a session drain that has not shown it yet never will.
+  awaitable<result<bool>> mark_read(event_id id);
+  /// pending → dropped, for receipts refused on reload.
+  awaitable<result<int>> drop(std::vector<event_id> ids);
+  /// Records the sandbox generation this host is bound to.
+  awaitable<result<void>> bind_sandbox(protocol::sandbox_id sandbox, std::uint64_t generation);
 
  private:
   writer& w_;

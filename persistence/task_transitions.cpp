@@ -1,0 +1,100 @@
+#include "tether/persistence/task_transitions.hpp"
+
+#include <SQLiteCpp/Statement.h>
+
+#include "tether/persistence/writer.hpp"
+#include "tether/protocol/json.hpp"
+#include "tether/runtime/clock.hpp"
+
+namespace tether::persistence {
+
+using runtime::now_ms;
+
+std::optional<protocol::owner_scope> parent_scope(SQLite::Database& db,
+                                                  const protocol::session_id& parent) {
+  auto& q = cached_statement(db, "SELECT tenant, coalesce(turn, '') FROM sessions WHERE id = ?");
+  q.bind(1, parent.str());
+  std::optional<protocol::owner_scope> out;
+  if (q.executeStep()) {
+    out.emplace();
+    out->tenant = protocol::tenant_id(q.getColumn(0).getString());
+    out->thread = parent;
+    out->turn = protocol::turn_id(q.getColumn(1).getString());
+  }
+  q.reset();
+  return out;
+}
+
+std::string receipt_scope(SQLite::Database& db, const protocol::job_id& task,
+                          const std::string& row_scope,
+                          const std::optional<protocol::session_id>& parent) {
+  if (!row_scope.empty()) return row_scope;
+  std::string scope;
+  auto& q = cached_statement(db, "SELECT scope FROM receipts WHERE id = ?");
+  q.bind(1, protocol::make_event_id(task, protocol::transition::started).str());
+  if (q.executeStep()) scope = q.getColumn(0).getString();
+  q.reset();
+  if (!scope.empty()) return scope;
+  protocol::owner_scope s;
+  s.tenant = protocol::tenant_id("default");
+  if (parent) {
+    s.thread = *parent;
+    if (auto p = parent_scope(db, *parent)) s = std::move(*p);
+  }
+  return protocol::to_text(protocol::to_json(s));
+}
+
+std::int64_t insert_receipt_row(SQLite::Database& db, const protocol::job_id& task,
+                                protocol::transition t, const std::string& scope,
+                                const std::string& body, std::string_view state) {
+  auto& st =
+      cached_statement(db,
+                       "INSERT OR IGNORE INTO receipts (id, task_id, transition, scope, body, "
+                       "state, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+  auto now = now_ms();
+  st.bind(1, protocol::make_event_id(task, t).str());
+  st.bind(2, task.str());
+  st.bind(3, std::string(protocol::to_string(t)));
+  st.bind(4, scope);
+  st.bind(5, body);
+  st.bind(6, std::string(state));
+  st.bind(7, now);
+  st.bind(8, now);
+  st.exec();
+  return now;
+}
+
+std::optional<terminal_written> terminal_transition(SQLite::Database& db,
+                                                    const terminal_write& w) {
+  auto& up = cached_statement(db,
+                              "UPDATE tasks SET state = ?, body = coalesce(?, body), "
+                              "completion = coalesce(?, completion), updated_at = ? "
+                              "WHERE id = ? AND kind = ? AND state IN ('admitted','running') "
+                              "RETURNING coalesce(scope, ''), parent_id");
+  up.bind(1, std::string(w.state));
+  if (w.body)
+    up.bind(2, *w.body);
+  else
+    up.bind(2);
+  if (w.completion)
+    up.bind(3, *w.completion);
+  else
+    up.bind(3);
+  up.bind(4, now_ms());
+  up.bind(5, w.task.str());
+  up.bind(6, std::string(w.kind));
+  if (!up.executeStep()) {
+    up.reset();
+    return std::nullopt;  // not live: the first terminal transition won already
+  }
+  terminal_written out;
+  auto row_scope = up.getColumn(0).getString();
+  if (!up.getColumn(1).isNull()) out.parent = protocol::session_id(up.getColumn(1).getString());
+  up.reset();
+  out.scope = receipt_scope(db, w.task, row_scope, out.parent);
+  out.created_at =
+      insert_receipt_row(db, w.task, w.transition, out.scope, w.receipt_body, w.receipt_state);
+  return out;
+}
+
+}  // namespace tether::persistence

@@ -1,0 +1,63 @@
+#pragma once
+// Internal to persistence/: the transitions every kind of task shares, run
+// inside the caller's write transaction (the writer's connection). The task
+// store's named operations (task_store.hpp) are built from these, so a new
+// kind (delegate, cron_run, sop_run) reuses them instead of writing its own.
+#include <SQLiteCpp/Database.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "tether/protocol/ids.hpp"
+#include "tether/protocol/notice.hpp"
+#include "tether/protocol/scope.hpp"
+
+namespace tether::persistence {
+
+/// One task's terminal transition and its receipt.
+struct terminal_write {
+  protocol::job_id task;
+  std::string_view kind;      // the kind the caller expects the task to be
+  std::string_view state;     // the terminal state word (completed, failed, ...)
+  protocol::transition transition = protocol::transition::completed;
+  std::optional<std::string> body;        // the task's rendered report (subagent), if any
+  std::optional<std::string> completion;  // the completion's JSON (shell), if any
+  std::string receipt_body;               // what the owner reads
+  std::string_view receipt_state = "pending";  // "dropped": nobody is owed it (a silenced link)
+};
+
+struct terminal_written {
+  std::string scope;  // the receipt's owner scope, as JSON text
+  std::optional<protocol::session_id> parent;
+  std::int64_t created_at = 0;
+};
+
+/// The one terminal compare-and-set of every kind of task: admitted|running
+/// → the terminal state, and the task's terminal receipt `<task>/<transition>`
+/// (the only outbox), in the caller's transaction. nullopt, with nothing
+/// written, if the task is not live (the first terminal transition won) or
+/// is not of the expected kind. The receipt is bound to the task's own owner
+/// scope when it has one (a shell launched under a scope); else to its
+/// `started` receipt's scope (a background subagent, bound at spawn); else to
+/// its parent's scope now.
+std::optional<terminal_written> terminal_transition(SQLite::Database& db, const terminal_write& w);
+
+/// The scope a task's receipt is bound to: `row_scope` (the task's own owner
+/// scope, JSON) when not empty; else its `started` receipt's; else its
+/// parent's now; else the default tenant's.
+std::string receipt_scope(SQLite::Database& db, const protocol::job_id& task,
+                          const std::string& row_scope,
+                          const std::optional<protocol::session_id>& parent);
+
+/// Inserts a receipt unless its id exists; returns its created_at.
+std::int64_t insert_receipt_row(SQLite::Database& db, const protocol::job_id& task,
+                                protocol::transition t, const std::string& scope,
+                                const std::string& body, std::string_view state);
+
+/// The scope a parent's reports are owed under: its tenant, the parent as the
+/// thread, its current turn (no sandbox). nullopt if the parent is gone.
+std::optional<protocol::owner_scope> parent_scope(SQLite::Database& db,
+                                                  const protocol::session_id& parent);
+
+}  // namespace tether::persistence
