@@ -27,11 +27,11 @@
 
 namespace tether::persistence {
 
+using protocol::event_id;
 using protocol::job_id;
 using protocol::notification_id;
-using protocol::session_id;
-using protocol::event_id;
 using protocol::owner_scope;
+using protocol::session_id;
 
 enum class owned_state { admitted, running, completed, failed, cancelled, lost };
 std::string_view to_string(owned_state s);
@@ -60,7 +60,6 @@ struct receipt {
   receipt_state state = receipt_state::pending;
   std::int64_t created_at = 0;
 };
-
 
 struct session_row {
   session_id id;
@@ -192,7 +191,6 @@ class task_reader {
   result<std::vector<receipt>> receipts_of(const job_id& job);
   /// The generation this host is bound to for `sandbox`, if any.
   result<std::optional<std::uint64_t>> bound_generation(const protocol::sandbox_id& sandbox);
-
 
   /// Runs `fn` (which calls the reads above) on the read threads and resumes
   /// the caller on its executor: how an actor reads (reader_pool::offload).

@@ -64,8 +64,7 @@ std::int64_t insert_receipt_row(SQLite::Database& db, const protocol::job_id& ta
   return now;
 }
 
-std::optional<terminal_written> terminal_transition(SQLite::Database& db,
-                                                    const terminal_write& w) {
+std::optional<terminal_written> terminal_transition(SQLite::Database& db, const terminal_write& w) {
   auto& up = cached_statement(db,
                               "UPDATE tasks SET state = ?, body = coalesce(?, body), "
                               "completion = coalesce(?, completion), updated_at = ? "

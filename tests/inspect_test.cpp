@@ -87,6 +87,17 @@ std::string seed_database(const test::scratch_dir& dir) {
   auto settled = await(store.settle(req));
   REQUIRE(settled);
   REQUIRE(settled->row_written);
+  // A report already delivered: its task stays, terminal, and is owed no more.
+  REQUIRE(await(store.spawn(child_row("shipped", "parent"), session_id("shipped"), "go",
+                            running_job("job_s", "msg_s", "parent", "shipped"))));
+  settle_request shipped;
+  shipped.child = session_id("shipped");
+  shipped.background_job = job_id("job_s");
+  shipped.body = "shipped report";
+  REQUIRE(await(store.settle(shipped)));
+  std::vector<report_item> delivered{
+      {notification_id("msg_s"), session_id("shipped"), "shipped report"}};
+  REQUIRE(await(store.admit(session_id("parent"), delivered)));
   REQUIRE(await(store.spawn(child_row("quiet", "parent", false), session_id("quiet"), "hush", {})));
   std::vector<report_item> items{{notification_id("msg_old"), session_id("worker"), k_inbox_body}};
   REQUIRE(await(store.admit(session_id("parent"), items)));
@@ -113,7 +124,7 @@ TEST_CASE("inspect --json shows sessions, owed reports, every task and inboxes",
   CHECK(doc.at("schema_version").as_int64() == latest_schema_version());
 
   auto& sessions = doc.at("sessions").as_array();
-  REQUIRE(sessions.size() == 4);
+  REQUIRE(sessions.size() == 5);
   auto* worker = find_by(sessions, "id", "worker");
   REQUIRE(worker);
   CHECK(worker->at("parent").as_string() == "parent");
@@ -131,6 +142,7 @@ TEST_CASE("inspect --json shows sessions, owed reports, every task and inboxes",
   CHECK(parent->at("parent").is_null());
   CHECK(parent->at("state").as_string() == "idle");
 
+  // Only msg_d is owed: msg_s's report was delivered (its receipt acknowledged).
   auto& owed = doc.at("owed_reports").as_array();
   REQUIRE(owed.size() == 1);
   CHECK(owed[0].as_object().at("notification_id").as_string() == "msg_d");
@@ -138,7 +150,10 @@ TEST_CASE("inspect --json shows sessions, owed reports, every task and inboxes",
   CHECK(owed[0].as_object().at("body").as_string() == k_owed_body);
 
   auto& tasks = doc.at("tasks").as_array();
-  REQUIRE(tasks.size() == 2);
+  REQUIRE(tasks.size() == 3);
+  auto* shipped = find_by(tasks, "id", "job_s");
+  REQUIRE(shipped);
+  CHECK(shipped->at("state").as_string() == "completed");
   auto* running = find_by(tasks, "id", "job_w");
   REQUIRE(running);
   CHECK(running->at("kind").as_string() == "subagent");
@@ -149,12 +164,29 @@ TEST_CASE("inspect --json shows sessions, owed reports, every task and inboxes",
 
   auto& inbox = doc.at("inbox").as_object();
   auto& rows = inbox.at("parent").as_array();
-  REQUIRE(rows.size() == 1);
-  CHECK(rows[0].as_object().at("notification_id").as_string() == "msg_old");
-  CHECK(rows[0].as_object().at("from").as_string() == "worker");
-  CHECK(rows[0].as_object().at("state").as_string() == "pending");
-  CHECK(rows[0].as_object().at("body").as_string() == k_inbox_body);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].as_object().at("notification_id").as_string() == "msg_s");
+  CHECK(rows[1].as_object().at("notification_id").as_string() == "msg_old");
+  CHECK(rows[1].as_object().at("from").as_string() == "worker");
+  CHECK(rows[1].as_object().at("state").as_string() == "pending");
+  CHECK(rows[1].as_object().at("body").as_string() == k_inbox_body);
   CHECK(inbox.at("worker").as_array().empty());
+}
+
+TEST_CASE("inspect does not list a delivered report as owed, only as a terminal task",
+          "[inspect]") {
+  test::scratch_dir dir("inspect-delivered");
+  auto path = seed_database(dir);
+  auto r = test::run_captured({k_tether, "inspect", path, "--json"});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto doc = json::parse(r.output).as_object();
+  CHECK_FALSE(find_by(doc.at("owed_reports").as_array(), "id", "job_s"));
+  auto* task = find_by(doc.at("tasks").as_array(), "id", "job_s");
+  REQUIRE(task);
+  CHECK(task->at("state").as_string() == "completed");
+  auto text = test::run_captured({k_tether, "inspect", path});
+  CHECK(text.output.find("msg_s  shipped -> parent") == std::string::npos);
 }
 
 TEST_CASE("inspect prints the same as text", "[inspect]") {
@@ -163,8 +195,8 @@ TEST_CASE("inspect prints the same as text", "[inspect]") {
   auto r = test::run_captured({k_tether, "inspect", path});
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  for (auto* want : {"sessions (4)", "owed reports (1)", "msg_d  done -> parent  completed",
-                     "      | All done.", "tasks (2)", "job_w ", "parent (1, 1 pending)",
+  for (auto* want : {"sessions (5)", "owed reports (1)", "msg_d  done -> parent  completed",
+                     "      | All done.", "tasks (3)", "job_w ", "parent (2, 2 pending)",
                      "msg_old  from worker  pending", "      | Earlier."})
     CHECK(r.output.find(want) != std::string::npos);
 }

@@ -60,8 +60,10 @@ std::string opt(const std::optional<protocol::session_id>& id) {
 std::string notify_word(const std::optional<bool>& n) {
   return !n ? "default" : *n ? "on" : "off";
 }
+// A delivered report's task stays, terminal: owed only while its terminal
+// receipt is pending.
 bool owed(const job_row& j) {
-  return j.kind == "subagent" && j.status != job_status::running;
+  return j.owed;
 }
 
 json::value opt_json(const std::optional<protocol::session_id>& id) {
