@@ -8,6 +8,7 @@
 #include <set>
 
 #include "tether/protocol/notice.hpp"
+#include "tether/runtime/clock.hpp"
 #include "tether/runtime/crash_point.hpp"
 #include "tether/sandbox/client.hpp"
 #include "tether/sandbox/state_dir.hpp"
@@ -676,8 +677,31 @@ awaitable<result<boot_report>> host::boot() {
   // busy period it begins would look like a crashed claim to phase 3, which
   // would release it (and a crash before its settle would lose its report).
   jobs_->sessions_resumed();
+  // Retention last: nothing it deletes is owed, so nothing above needs it.
+  auto expired = co_await expire_tasks();
   std::lock_guard lk(*rep_m);
+  if (expired)
+    rep.expired = *expired;
+  else {
+    auto w = "boot: expiring finished tasks: " + expired.error().message +
+             "; they stay until the next try";
+    rep.warnings.push_back(w);
+    warn(w);
+  }
   co_return rep;
+}
+
+awaitable<result<int>> host::expire_tasks() {
+  if (!opts_.task_retention) co_return 0;
+  auto before = runtime::now_ms() - opts_.task_retention->count();
+  constexpr int k_batch = 1000;  // one transaction each: the writer's other requests interleave
+  int total = 0;
+  for (;;) {
+    auto n = co_await store_->expire_tasks(before, k_batch);
+    if (!n) co_return n.error();
+    total += *n;
+    if (*n < k_batch) co_return total;
+  }
 }
 
 void host::shutdown() {

@@ -71,6 +71,11 @@ struct host_options {
   /// The job policy of a session at its creation (each one "withhold" or
   /// "report_now"; anything else and no host is opened).
   job_policy_defaults job_policies;
+  /// Retention of finished work: a terminal task that owes nothing (its
+  /// report or notice delivered, read or dropped) is deleted with its
+  /// receipts once it has not changed for this long, at each boot and by
+  /// expire_tasks(). nullopt keeps every task for good.
+  std::optional<std::chrono::milliseconds> task_retention = std::chrono::hours(24 * 7);
   /// Where warnings go (boot: id conflicts, cleared rows). Default: stderr.
   std::function<void(const std::string&)> log;
 };
@@ -82,6 +87,7 @@ struct boot_report {
   int exhausted = 0;         // running rows whose child ran out of resumes
   int resumed_top = 0;       // phase 2
   int resumed_children = 0;  // phase 3
+  int expired = 0;           // finished tasks past options().task_retention, deleted
   recovery_report jobs;      // owned jobs: reattached, settled while down, lost, receipts resent
   std::vector<std::string> warnings;
 };
@@ -113,6 +119,10 @@ class host {
   awaitable<result<notification_id>> background(session_id child);
   /// Resolves once the session is idle (after its settle).
   awaitable<result<void>> wait_idle(session_id s);
+  /// Deletes the finished tasks past options().task_retention (in batches,
+  /// each one transaction); how many went. Boot runs it; a long-running
+  /// host may call it on its own schedule. 0 when retention is off.
+  awaitable<result<int>> expire_tasks();
   /// What delete_session did.
   struct deleted {
     int jobs_cancelled = 0;    // its live owned jobs, killed with confirmation

@@ -276,6 +276,11 @@ class task_store : public task_reader {
   /// without a parent to report to. Returns how many receipts were dropped;
   /// errc::not_found (nothing written) if it does not exist.
   awaitable<result<int>> delete_session(session_id s);
+  /// Retention: deletes up to `limit` terminal tasks last changed before
+  /// `before_ms` that owe nothing (no receipt of theirs pending), with their
+  /// receipts, in one transaction. Returns how many tasks went. Running
+  /// tasks and owed reports or notices are never touched.
+  awaitable<result<int>> expire_tasks(std::int64_t before_ms, int limit = 1000);
   awaitable<result<void>> write_job(job_row row);
 
   // --- owned jobs and their receipts ---

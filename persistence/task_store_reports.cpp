@@ -597,6 +597,34 @@ awaitable<result<int>> task_store::delete_session(session_id s) {
   co_return co_await w_.write(std::move(name), 64, std::move(fn));
 }
 
+awaitable<result<int>> task_store::expire_tasks(std::int64_t before_ms, int limit) {
+  auto name = "expire tasks before " + std::to_string(before_ms);
+  auto fn = [before_ms, limit](SQLite::Database& db) -> result<int> {
+    std::vector<std::string> ids;
+    auto& q = cached_statement(
+        db,
+        "SELECT id FROM tasks WHERE state NOT IN ('admitted','running') AND updated_at < ? AND "
+        "NOT EXISTS (SELECT 1 FROM receipts r WHERE r.task_id = tasks.id AND "
+        "r.state = 'pending') LIMIT ?");
+    q.bind(1, before_ms);
+    q.bind(2, limit);
+    while (q.executeStep()) ids.push_back(q.getColumn(0).getString());
+    q.reset();
+    auto& rc = cached_statement(db, "DELETE FROM receipts WHERE task_id = ?");
+    auto& tk = cached_statement(db, "DELETE FROM tasks WHERE id = ?");
+    for (auto& id : ids) {
+      rc.bind(1, id);
+      rc.exec();
+      rc.reset();
+      tk.bind(1, id);
+      tk.exec();
+      tk.reset();
+    }
+    return static_cast<int>(ids.size());
+  };
+  co_return co_await w_.write(std::move(name), 64, std::move(fn));
+}
+
 awaitable<result<int>> task_store::bump_resume(session_id s) {
   auto name = "count a resume of " + s.str();
   auto fn = [s = std::move(s)](SQLite::Database& db) -> result<int> {

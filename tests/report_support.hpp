@@ -125,6 +125,7 @@ class report_fixture {
     o.observer = observer;
     o.resume_budget = budget;
     o.jobs = jobs;
+    if (retention) o.task_retention = *retention;
     o.log = [this](const std::string& w) {
       std::lock_guard lk(m);
       warnings.push_back(w);
@@ -231,6 +232,8 @@ class report_fixture {
   std::shared_ptr<counting_observer> observer = std::make_shared<counting_observer>();
   std::unique_ptr<actors::host> host;
   actors::boot_report boot;
+  /// The host's task retention; unset: the host's default.
+  std::optional<std::optional<std::chrono::milliseconds>> retention;
   std::mutex m;
   std::vector<std::string> warnings;
 };
