@@ -69,9 +69,22 @@ job_queue::job_queue(runtime::executor ex, host& h, persistence::receipt_store& 
       host_(h),
       store_(store),
       opts_(std::move(opts)),
-      lease_(std::make_shared<sandbox_lease>()),
       sessions_resumed_(runtime::one_shot<int>::make()) {
   sessions_resumed_->set(0);  // no recovery: nothing to hold back
+  sandbox_channel_options c;
+  c.sandbox_dir = opts_.sandbox_dir;
+  c.start_daemon = opts_.start_daemon;
+  c.daemon_binary = opts_.daemon_binary;
+  c.daemon_idle_exit = opts_.daemon_idle_exit;
+  c.adapter = opts_.adapter;
+  c.adapter_failures = opts_.adapter_failures;
+  c.client = opts_.client;
+  c.bind = [this](protocol::sandbox_id sb, std::uint64_t generation) {
+    return bind_route(std::move(sb), generation);
+  };
+  c.warn = [this](const std::string& w) { host_.warn(w); };
+  c.trace = opts_.trace;
+  channel_ = std::make_unique<sandbox_channel>(ex_, std::move(c));
 }
 
 void job_queue::sessions_resumed() {
@@ -123,7 +136,7 @@ awaitable<void> job_queue::close() {
   for (auto& w : revs) w->set(revision_);
   resumed_gate()->set(0);  // a hand-over held for boot's phases gives up
   auto task = [](job_queue* q, std::shared_ptr<runtime::one_shot<int>> drained) -> awaitable<void> {
-    if (q->channel_) q->channel_->close();
+    co_await q->channel_->stop();
     std::vector<std::shared_ptr<asio::steady_timer>> pausing;
     {
       std::lock_guard lk(q->m_);
@@ -234,8 +247,7 @@ std::vector<protocol::running_item> job_queue::running(const protocol::session_i
 }
 
 std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> job_queue::sandbox() const {
-  std::lock_guard lk(m_);
-  return sandbox_;
+  return channel_->sandbox();
 }
 
 // ---- routes ------------------------------------------------------------------------------
@@ -250,91 +262,16 @@ error job_queue::stopping_error() {
                "the host is shutting down; no route was opened and nothing was started"};
 }
 
-awaitable<result<void>> job_queue::open_route() {
-  if (channel_) co_return result<void>{};
-  // One opening at a time (all on this executor): later callers share its outcome.
-  if (opening_) {
-    auto o = opening_;
-    co_return co_await o->async_wait(asio::use_awaitable);
-  }
-  opening_ = runtime::one_shot<result<void>>::make();
-  auto opening = opening_;
-  auto r = co_await open_route_once();
-  opening_.reset();
-  opening->set(r);
-  co_return r;
-}
-
-awaitable<result<void>> job_queue::open_route_once() {
-  if (opts_.sandbox_dir.empty())
-    co_return error{errc::refused, "no sandbox is configured (job_queue_options.sandbox_dir)"};
-  std::string socket = sandbox::socket_path_for(opts_.sandbox_dir);
-  if (opts_.start_daemon) {
-    auto h = co_await ensure_daemon();
-    if (!h) co_return h.error();
-    socket = h->socket_path;
-  }
-  if (closing()) co_return stopping_error();
-  auto c = co_await sandbox::client::connect(socket, wire::conn_mode::read_write, "tether host",
-                                             opts_.client);
-  if (!c) co_return c.error();
-  if (closing()) co_return stopping_error();  // the client closes as it goes
-  auto hello = (*c)->hello();
-  {
-    // A reconnect must reach the sandbox and generation the queue's jobs run
-    // on: a daemon serving another sandbox, or a replaced (newer) generation,
-    // does not know them, and binding it would make their receipts stale.
-    std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> was;
-    {
-      std::lock_guard lk(m_);
-      was = sandbox_;
-    }
-    if (was && (was->first != hello.sandbox || was->second != hello.generation))
-      co_return error{errc::conflict,
-                      "the sandbox daemon at " + socket + " now answers as sandbox '" +
-                          hello.sandbox.str() + "' generation " + std::to_string(hello.generation) +
-                          ", not sandbox '" + was->first.str() + "' generation " +
-                          std::to_string(was->second) +
-                          " that this host's jobs run on; the route was refused, nothing was "
-                          "sent to it and the host stays bound to generation " +
-                          std::to_string(was->second)};
-  }
-  {
-    // The platform route must reach the generation recovery proved, if any.
-    auto read_bound = [this, sb = hello.sandbox] { return store_.bound_generation(sb); };
-    auto bound = co_await store_.offload(std::move(read_bound));
-    if (!bound) co_return bound.error();
-    if (*bound && **bound > hello.generation)
-      co_return error{errc::refused,
-                      "sandbox '" + hello.sandbox.str() + "' answers with generation " +
-                          std::to_string(hello.generation) + ", older than the bound " +
-                          std::to_string(**bound) + "; nothing was started"};
-  }
-  auto b = co_await store_.bind_sandbox(hello.sandbox, hello.generation);
-  if (!b) co_return b.error();
-  if (closing()) co_return stopping_error();
-  auto platform = std::make_shared<client_route>("platform", std::move(*c));
-  std::shared_ptr<command_route> adapter;
-  if (opts_.adapter) {
-    // An adapter that cannot attach is a route failure, not a sandbox one:
-    // the platform route serves alone.
-    auto a = co_await opts_.adapter(socket);
-    if (a)
-      adapter = std::move(*a);
-    else
-      host_.warn("adapter route did not attach (" + a.error().message +
-                 "); commands go through the platform route on the same sandbox");
-    if (closing()) {
-      if (adapter) adapter->close();
-      co_return stopping_error();
-    }
-  }
-  auto ch = std::make_shared<routed_channel>(platform, adapter, opts_.adapter_failures, lease_);
-  ch->on_fallback = [this](const std::string& w) { host_.warn(w); };
-  channel_ = std::move(ch);
-  std::lock_guard lk(m_);
-  sandbox_ = std::make_pair(hello.sandbox, hello.generation);
-  co_return result<void>{};
+awaitable<result<void>> job_queue::bind_route(protocol::sandbox_id sb, std::uint64_t generation) {
+  // The platform route must reach the generation recovery proved, if any.
+  auto read_bound = [this, sb] { return store_.bound_generation(sb); };
+  auto bound = co_await store_.offload(std::move(read_bound));
+  if (!bound) co_return bound.error();
+  if (*bound && **bound > generation)
+    co_return error{errc::refused, "sandbox '" + sb.str() + "' answers with generation " +
+                                       std::to_string(generation) + ", older than the bound " +
+                                       std::to_string(**bound) + "; nothing was started"};
+  co_return co_await store_.bind_sandbox(sb, generation);
 }
 
 // ---- ownership ---------------------------------------------------------------------------
@@ -389,10 +326,10 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
     std::lock_guard lk(m_);
     if (stopped_) co_return error{errc::stopped, "the host is shutting down; nothing was started"};
   }
-  auto opened = co_await open_route();
+  auto opened = co_await channel_->open();
   if (!opened) co_return opened.error();
   if (closing()) co_return stopping_error();
-  auto channel = channel_;  // kept alive by this frame, whatever happens to channel_
+  auto sb = channel_->sandbox();
 
   owned_job j;
   j.id = job_id(protocol::mint("job"));
@@ -414,8 +351,8 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
     }
   }
   j.scope = caller;
-  j.scope.sandbox = sandbox_->first;
-  j.scope.generation = sandbox_->second;
+  j.scope.sandbox = sb->first;
+  j.scope.generation = sb->second;
   j.channel = req.channel;
   auto env = req.env.empty() ? sandbox::current_environment() : std::move(req.env);
   protocol::scrubber scrub(protocol::scrub_rules::from_env(env));
@@ -434,7 +371,7 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
                                 : std::filesystem::current_path().string();
   er.env = std::move(env);
   er.job = id;
-  auto started = co_await dispatch(id, std::move(er));
+  auto started = co_await channel_->dispatch(id, std::move(er));
   if (!started) {
     bool closing;
     {
@@ -498,84 +435,11 @@ void job_queue::spawn_watch(job_id job, std::shared_ptr<runtime::one_shot<int>> 
   asio::co_spawn(ex_, watch(job, std::move(started)), asio::bind_executor(ex_, std::move(on_end)));
 }
 
-awaitable<result<std::shared_ptr<routed_channel>>> job_queue::reconnect(
-    std::shared_ptr<routed_channel> failed, int attempt) {
-  if (failed && channel_ == failed) {
-    channel_->close();  // its other requests fail too, and reconnect
-    channel_.reset();
-  }
-  if (!co_await retry_later(attempt)) co_return stopping_error();
-  auto opened = co_await open_route();
-  if (!opened) co_return opened.error();
-  if (closing()) co_return stopping_error();
-  co_return channel_;
-}
-
-namespace {
-// A retry's warning: the first, then every tenth (a daemon down for long
-// does not flood the log).
-bool worth_warning(int attempt) {
-  return attempt % 10 == 0;
-}
-}  // namespace
-
-awaitable<result<wire::started_rep>> job_queue::dispatch(job_id job, wire::exec_req er) {
-  auto channel = channel_;
-  for (int attempt = 0;; ++attempt) {
-    if (channel) {
-      auto once = er;
-      auto started = co_await channel->exec(std::move(once));
-      if (started || !is_infrastructure_failure(started.error()) || closing()) co_return started;
-      if (worth_warning(attempt))
-        host_.warn("job " + job.str() + ": no route confirmed its exec (" +
-                   started.error().message +
-                   "); it may have started, so it stays admitted and the exec is sent again "
-                   "(idempotent by job id) once the sandbox answers");
-    }
-    if (opts_.trace) opts_.trace(job, "dispatch_retry");
-    auto again = co_await reconnect(channel, attempt);
-    channel.reset();
-    if (again) {
-      channel = std::move(*again);
-      continue;
-    }
-    if (closing() || again.error().code == errc::conflict) co_return again.error();
-    if (worth_warning(attempt))
-      host_.warn("job " + job.str() + ": no route to the sandbox (" + again.error().message +
-                 "); the exec is retried");
-  }
-}
-
-awaitable<result<protocol::shell_completion>> job_queue::follow(job_id job) {
-  auto channel = channel_;
-  for (int attempt = 0;; ++attempt) {
-    if (channel) {
-      auto done = co_await channel->wait(job);
-      if (done || !is_infrastructure_failure(done.error()) || closing()) co_return done;
-      if (worth_warning(attempt))
-        host_.warn("job " + job.str() + ": following it failed (" + done.error().message +
-                   "); a failed connection is not a failed job: the queue reconnects to the "
-                   "same sandbox and generation and follows it again");
-    }
-    if (opts_.trace) opts_.trace(job, "follow_retry");
-    auto again = co_await reconnect(channel, attempt);
-    channel.reset();
-    if (again) {
-      channel = std::move(*again);
-      continue;
-    }
-    if (closing() || again.error().code == errc::conflict) co_return again.error();
-    if (worth_warning(attempt))
-      host_.warn("job " + job.str() + ": no route to the sandbox (" + again.error().message +
-                 "); following it is retried");
-  }
-}
-
 awaitable<void> job_queue::watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started) {
   gate_guard gate{this};  // entered by the spawner
-  // A failed connection is not a failed job: follow() reconnects until the
+  // A failed connection is not a failed job: the channel's follow reconnects until the
   // daemon answers; only its answer can make the job lost.
-  auto done = co_await follow(job);
+  auto done = co_await channel_->follow(job);
   if (started) co_await started->async_wait(asio::use_awaitable);
   if (!done && !done.error().answered && done.error().code == errc::conflict) {
     // The daemon there is not the job's: its jobs are not attached to it,
@@ -681,20 +545,10 @@ awaitable<bool> job_queue::finish(job_id job, owned_state terminal,
     host_.warn(what + " was not handed over: " + delivered.error().message +
                "; it stays pending and the hand-over is retried");
   }
-  co_await expire_record(job);
+  co_await channel_->expire_record(job);
   // Handed over (or kept pending for the next boot): the turn may complete.
   end_live(job);
   co_return true;
-}
-
-awaitable<void> job_queue::expire_record(job_id job) {
-  auto channel = channel_;
-  if (!channel || closing()) co_return;  // shutting down: the daemon's own bound applies
-  auto r = co_await channel->expire(job);
-  // Expired already, or never known: nothing is kept for it.
-  if (r || (r.error().answered && r.error().code == errc::not_found)) co_return;
-  host_.warn("job " + job.str() + ": its terminal receipt is written, but the sandbox kept its " +
-             "record (" + r.error().message + "); the daemon drops it after its own bound");
 }
 
 awaitable<bool> job_queue::retry_later(int attempt) {
@@ -711,18 +565,6 @@ awaitable<bool> job_queue::retry_later(int attempt) {
 }
 
 // ---- delivery ----------------------------------------------------------------------------
-
-awaitable<result<sandbox::daemon_handle>> job_queue::ensure_daemon() {
-  // sandbox::ensure_daemon blocks (it may start one and read its readiness
-  // line): it runs on a thread of its own, never on an executor.
-  sandbox::daemon_options d;
-  d.state_dir = opts_.sandbox_dir;
-  d.binary = opts_.daemon_binary;
-  d.idle_exit = opts_.daemon_idle_exit;
-  auto ready = runtime::one_shot<result<sandbox::daemon_handle>>::make();
-  std::thread([d, ready] { ready->set(sandbox::ensure_daemon(d)); }).detach();
-  co_return co_await ready->async_wait(asio::use_awaitable);
-}
 
 awaitable<result<bool>> job_queue::deliver(receipt r, bool wake_after) {
   busy(+1);
@@ -821,14 +663,13 @@ awaitable<result<job_view>> job_queue::cancel_on(owner_scope caller, job_id job,
         held = std::move(it->second.held);
       }
     };
-    auto opened = co_await open_route();
+    auto opened = co_await channel_->open();
     if (!opened) {
       release();
       if (held) co_await finish(job, terminal_of(*held), *held, protocol::render_notice(*held));
       co_return opened.error();
     }
-    auto channel = channel_;
-    auto killed = co_await channel->kill(job);
+    auto killed = co_await channel_->kill(job);
     release();
     if (!killed && killed.error().answered && killed.error().code == errc::not_found && !held) {
       // The daemon does not know the job: nothing of it runs there, and how
@@ -921,7 +762,7 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   // ended (a job that was running when it died ends with status -1). It runs
   // nothing new for recovery; a configured sandbox is never started here.
   if (opts_.local && opts_.start_daemon && !live->empty()) {
-    auto started = co_await ensure_daemon();
+    auto started = co_await channel_->ensure_daemon();
     if (!started)
       co_return refuse(error{started.error().code,
                              "the local sandbox daemon in " + opts_.sandbox_dir +
@@ -1044,7 +885,7 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   // the terminal receipts are durable. A failure keeps the records (the
   // daemon drops them after its own bound) and does not stop the boot.
   if (!settled.empty()) {
-    auto opened = co_await open_route();
+    auto opened = co_await channel_->open();
     if (!opened) {
       auto w = "recovery: the sandbox keeps the records of " + std::to_string(settled.size()) +
                " job(s) that ended while the host was down, until its own bound: no route to "
@@ -1055,21 +896,21 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
     }
     for (auto& id : settled) {
       if (!opened) break;
-      co_await expire_record(id);
+      co_await channel_->expire_record(id);
       TETHER_CRASH_POINT("recover.expire.after_commit");
     }
   }
 
   if (!follow.empty()) {
-    auto opened = co_await open_route();
+    auto opened = co_await channel_->open();
     if (!opened) co_return refuse_late("opening the platform route", opened.error());
+    auto sb = channel_->sandbox();
     for (auto& j : follow) {
-      if (sandbox_ &&
-          (sandbox_->first != j.scope.sandbox || sandbox_->second != j.scope.generation))
+      if (sb && (sb->first != j.scope.sandbox || sb->second != j.scope.generation))
         co_return refuse_late(
             "following owned job '" + j.id.str() + "'",
-            error{errc::refused, "the platform route reached sandbox '" + sandbox_->first.str() +
-                                     "' generation " + std::to_string(sandbox_->second) +
+            error{errc::refused, "the platform route reached sandbox '" + sb->first.str() +
+                                     "' generation " + std::to_string(sb->second) +
                                      ", not the job's generation " +
                                      std::to_string(j.scope.generation)});
       spawn_watch(j.id, nullptr);

@@ -39,7 +39,7 @@
 #include <set>
 #include <thread>
 
-#include "tether/actors/command_route.hpp"
+#include "tether/actors/sandbox_channel.hpp"
 #include "tether/persistence/receipt_store.hpp"
 #include "tether/protocol/report.hpp"
 #include "tether/runtime/actor.hpp"
@@ -151,10 +151,11 @@ class job_queue {
   /// Resolves once no job is live and no delivery is in flight.
   awaitable<void> wait_idle();
 
-  /// The platform's sandbox, once a route is open.
+  /// The platform's sandbox, once a route is open (the channel's snapshot).
   std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> sandbox() const;
-  routed_channel* channel() { return channel_.get(); }
-  sandbox_lease& lease() { return *lease_; }
+  /// The queue's one sandbox channel: every request to the sandbox goes through it.
+  sandbox_channel& channel() { return *channel_; }
+  sandbox_lease& lease() { return channel_->lease(); }
 
   /// Refuses new work, ends the routes' connections and waits until every
   /// coroutine of the queue has finished (a gate), so nothing of the queue is
@@ -170,10 +171,9 @@ class job_queue {
     std::vector<std::shared_ptr<runtime::one_shot<int>>> waiters;
   };
 
-  awaitable<result<void>> open_route();
-  awaitable<result<void>> open_route_once();
-  /// The daemon of opts_.sandbox_dir, started if none answers there.
-  awaitable<result<sandbox::daemon_handle>> ensure_daemon();
+  /// The channel's bind hook: refuses a generation older than the bound
+  /// one (read off the executor), then binds it through the writer.
+  awaitable<result<void>> bind_route(protocol::sandbox_id sb, std::uint64_t generation);
   awaitable<result<job_id>> launch_on(owner_scope caller, launch_request req);
   awaitable<result<job_view>> status_on(owner_scope caller, job_id job);
   awaitable<result<job_view>> cancel_on(owner_scope caller, job_id job, bool read);
@@ -183,18 +183,6 @@ class job_queue {
   void spawn_watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started);
   /// Follows a job to its end; its completion is written once `started` is set.
   awaitable<void> watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started);
-  /// Sends the exec until a daemon answers it (idempotent by job id): a
-  /// transport failure reconnects with a bounded backoff and sends it again,
-  /// until the queue closes. Only an answer (or a close, or a refused route) ends it.
-  awaitable<result<wire::started_rep>> dispatch(job_id job, wire::exec_req er);
-  /// The job's completion, or the daemon's answer that it has none: a
-  /// transport failure reconnects with a bounded backoff and attaches again
-  /// (never `lost`), until the queue closes or the route is refused.
-  awaitable<result<protocol::shell_completion>> follow(job_id job);
-  /// Ends `failed` (if it is still the queue's route), pauses before retry
-  /// `attempt` and opens a route; the stopping error once the queue closes.
-  awaitable<result<std::shared_ptr<routed_channel>>> reconnect(
-      std::shared_ptr<routed_channel> failed, int attempt);
   /// The terminal CAS and the delivery of its receipt. True once a terminal
   /// transition of the job is durable (this one or an earlier one).
   /// `wake_after` false (recovery): the receipt is admitted, nobody is woken.
@@ -202,10 +190,6 @@ class job_queue {
                          std::optional<protocol::shell_completion> c, std::string body,
                          bool wake_after = true);
   awaitable<result<bool>> deliver(persistence::receipt r, bool wake_after = true);
-  /// The job's terminal receipt is durable: the daemon may drop its record
-  /// (it keeps completed records for their host, up to a far bound). Through
-  /// the open route; without one, recovery expires what it settled.
-  awaitable<void> expire_record(job_id job);
   /// Pauses before retry `attempt` of a write that must not be given up;
   /// false once the queue closes (close() ends the pause at once).
   awaitable<bool> retry_later(int attempt);
@@ -233,10 +217,7 @@ class job_queue {
   host& host_;
   persistence::receipt_store& store_;
   job_queue_options opts_;
-  std::shared_ptr<sandbox_lease> lease_;
-  std::shared_ptr<routed_channel> channel_;
-  std::shared_ptr<runtime::one_shot<result<void>>> opening_;
-  std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> sandbox_;
+  std::unique_ptr<sandbox_channel> channel_;
 
   mutable std::mutex m_;
   std::map<job_id, live> live_;
