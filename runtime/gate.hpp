@@ -67,8 +67,9 @@ class gate {
     return count_;
   }
 
-  /// Refuses new entries and resolves once every holder has left. Idempotent:
-  /// every caller waits for the same drain.
+  /// Refuses new entries at once (not when awaited) and returns what
+  /// resolves once every holder has left. Idempotent: every caller waits for
+  /// the same drain.
   boost::asio::awaitable<void> close() {
     std::shared_ptr<one_shot<int>> drained;
     {
@@ -80,10 +81,14 @@ class gate {
       }
       drained = drained_;
     }
-    co_await drained->async_wait(boost::asio::use_awaitable);
+    return wait(std::move(drained));
   }
 
  private:
+  static boost::asio::awaitable<void> wait(std::shared_ptr<one_shot<int>> drained) {
+    co_await drained->async_wait(boost::asio::use_awaitable);
+  }
+
   void leave() {
     std::shared_ptr<one_shot<int>> done;
     {
