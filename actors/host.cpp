@@ -715,7 +715,7 @@ void host::shutdown() {
   // the sessions and the writer still answer them.
   if (jobs_) {
     try {
-      runtime::sync_wait(pool_->at(0), jobs_->close());
+      runtime::sync_wait(pool_->at(0), jobs_->stop());
     } catch (const std::exception& e) {
       warn(std::string("shutdown: job queue: ") + e.what());
     }

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "tether/actors/host.hpp"
+#include "tether/actors/job.hpp"
 #include "tether/protocol/scrub.hpp"
 #include "tether/runtime/crash_point.hpp"
 #include "tether/runtime/retry.hpp"
@@ -26,29 +27,6 @@ namespace {
 error not_found(const job_id& job) {
   // The same words for a stranger's job and for no job at all.
   return error{errc::not_found, "job '" + job.str() + "' not found"};
-}
-
-owned_state terminal_of(const protocol::shell_completion& c) {
-  switch (c.status.state) {
-    case protocol::job_state::killed:
-      return owned_state::cancelled;
-    case protocol::job_state::unknown:
-      return owned_state::lost;
-    case protocol::job_state::exited:
-      return c.status.exit_code == 0 ? owned_state::completed : owned_state::failed;
-    case protocol::job_state::running:
-      break;
-  }
-  return owned_state::lost;
-}
-
-std::string unknown_notice(const job_id& job, const std::string& preview, const std::string& why) {
-  protocol::shell_completion c;
-  c.job = job.str();
-  c.status.state = protocol::job_state::unknown;
-  c.status.reason = why;
-  c.preview.text = preview;
-  return protocol::render_notice(c);
 }
 
 }  // namespace
@@ -69,9 +47,24 @@ job_queue::job_queue(runtime::executor ex, host& h, persistence::task_store& sto
       host_(h),
       store_(store),
       opts_(std::move(opts)),
-      lease_(std::make_shared<sandbox_lease>()),
+      pauses_(ex),
+      live_view_(std::make_shared<const live_map>()),
       sessions_resumed_(runtime::one_shot<int>::make()) {
   sessions_resumed_->set(0);  // no recovery: nothing to hold back
+  sandbox_channel_options c;
+  c.sandbox_dir = opts_.sandbox_dir;
+  c.start_daemon = opts_.start_daemon;
+  c.daemon_binary = opts_.daemon_binary;
+  c.daemon_idle_exit = opts_.daemon_idle_exit;
+  c.adapter = opts_.adapter;
+  c.adapter_failures = opts_.adapter_failures;
+  c.client = opts_.client;
+  c.bind = [this](protocol::sandbox_id sb, std::uint64_t generation) {
+    return bind_route(std::move(sb), generation);
+  };
+  c.warn = [this](const std::string& w) { host_.warn(w); };
+  c.trace = opts_.trace;
+  channel_ = std::make_unique<sandbox_channel>(ex_, std::move(c));
 }
 
 void job_queue::sessions_resumed() {
@@ -88,52 +81,35 @@ int job_queue::held_handovers() {
   return held_handovers_;
 }
 
+void job_queue::held_handover() {
+  std::lock_guard lk(m_);
+  ++held_handovers_;
+}
+
 job_queue::~job_queue() = default;
 
-bool job_queue::enter() {
-  std::lock_guard lk(m_);
-  if (stopped_) return false;
-  ++inflight_;
-  return true;
-}
-
-void job_queue::leave() {
-  std::shared_ptr<runtime::one_shot<int>> done;
-  {
-    std::lock_guard lk(m_);
-    if (--inflight_ == 0 && drained_) done = drained_;
-  }
-  if (done) done->set(0);
-}
-
-awaitable<void> job_queue::close() {
-  std::vector<std::shared_ptr<runtime::one_shot<int>>> waiters;
+awaitable<void> job_queue::stop() {
   std::vector<std::shared_ptr<runtime::one_shot<std::uint64_t>>> revs;
-  std::shared_ptr<runtime::one_shot<int>> drained;
+  std::uint64_t rev;
   {
     std::lock_guard lk(m_);
     stopped_ = true;
-    for (auto& [id, l] : live_)
-      for (auto& w : l.waiters) waiters.push_back(w);
     for (auto& [seen, w] : revision_waiters_) revs.push_back(w);
     revision_waiters_.clear();
-    if (inflight_ > 0) drained = drained_ = runtime::one_shot<int>::make();
+    rev = revision_;
   }
-  for (auto& w : waiters) w->set(0);
-  for (auto& w : revs) w->set(revision_);
+  auto drained = gate_.close();  // refuses new work now; awaited below
+  for (auto& w : revs) w->set(rev);
   resumed_gate()->set(0);  // a hand-over held for boot's phases gives up
-  auto task = [](job_queue* q, std::shared_ptr<runtime::one_shot<int>> drained) -> awaitable<void> {
-    if (q->channel_) q->channel_->close();
-    std::vector<std::shared_ptr<asio::steady_timer>> pausing;
-    {
-      std::lock_guard lk(q->m_);
-      pausing.assign(q->retry_timers_.begin(), q->retry_timers_.end());
-    }
-    for (auto& t : pausing) t->cancel();  // a retry waiting to run gives up now
-    if (drained) co_await drained->async_wait(asio::use_awaitable);
+  auto task = [](job_queue* q) -> awaitable<void> {
+    // Waiters resume and find the queue stopping; the jobs stay as they are.
+    for (auto& [id, j] : q->jobs_) j->release_waiters();
+    q->pauses_.stop();  // a retry waiting to run gives up now
+    co_await q->channel_->stop();
   };
-  auto run = task(this, drained);
+  auto run = task(this);
   co_await on_queue(std::move(run));
+  co_await std::move(drained);
 }
 
 // ---- live set and revision ---------------------------------------------------------
@@ -192,50 +168,62 @@ awaitable<void> job_queue::wait_idle() {
   co_await w->async_wait(asio::use_awaitable);
 }
 
-void job_queue::add_live(owned_job j) {
-  {
-    std::lock_guard lk(m_);
-    auto id = j.id;
-    live_[id].job = std::move(j);
-  }
+std::shared_ptr<class job> job_queue::add_live(owned_job j) {
+  auto id = j.id;
+  index_[id] = j;
+  auto jb = std::make_shared<class job>(*this, std::move(j));
+  jobs_[id] = jb;
+  publish_live();
   busy(+1);
   bump();
+  return jb;
 }
 
-void job_queue::end_live(const job_id& job) {
-  std::vector<std::shared_ptr<runtime::one_shot<int>>> ws;
-  {
-    std::lock_guard lk(m_);
-    auto it = live_.find(job);
-    if (it == live_.end()) return;
-    ws = std::move(it->second.waiters);
-    live_.erase(it);
-  }
-  for (auto& w : ws) w->set(0);
+void job_queue::job_changed(const owned_job& row) {
+  auto it = index_.find(row.id);
+  if (it == index_.end()) return;
+  it->second = row;
+  publish_live();
+}
+
+void job_queue::job_ended(const job_id& id) {
+  if (!jobs_.erase(id)) return;
+  index_.erase(id);
+  publish_live();
   bump();
   busy(-1);
 }
 
+void job_queue::publish_live() {
+  auto next = std::make_shared<const live_map>(index_);
+  std::lock_guard lk(m_);
+  live_view_ = std::move(next);
+}
+
+std::shared_ptr<const job_queue::live_map> job_queue::live_view() const {
+  std::lock_guard lk(m_);
+  return live_view_;
+}
+
 bool job_queue::turn_has_live_jobs(const protocol::session_id& thread,
                                    const protocol::turn_id& turn) {
-  std::lock_guard lk(m_);
-  for (auto& [id, l] : live_)
-    if (l.job.scope.thread == thread && l.job.scope.turn == turn) return true;
+  auto view = live_view();
+  for (auto& [id, row] : *view)
+    if (row.scope.thread == thread && row.scope.turn == turn) return true;
   return false;
 }
 
 std::vector<protocol::running_item> job_queue::running(const protocol::session_id& thread) {
   std::vector<protocol::running_item> out;
-  std::lock_guard lk(m_);
-  for (auto& [id, l] : live_)
-    if (l.job.scope.thread == thread && !persistence::is_terminal(l.job.state))
-      out.push_back({"shell", id.str(), l.job.preview});
+  auto view = live_view();
+  for (auto& [id, row] : *view)
+    if (row.scope.thread == thread && !persistence::is_terminal(row.state))
+      out.push_back({"shell", id.str(), row.preview});
   return out;
 }
 
 std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> job_queue::sandbox() const {
-  std::lock_guard lk(m_);
-  return sandbox_;
+  return channel_->sandbox();
 }
 
 // ---- routes ------------------------------------------------------------------------------
@@ -250,91 +238,16 @@ error job_queue::stopping_error() {
                "the host is shutting down; no route was opened and nothing was started"};
 }
 
-awaitable<result<void>> job_queue::open_route() {
-  if (channel_) co_return result<void>{};
-  // One opening at a time (all on this executor): later callers share its outcome.
-  if (opening_) {
-    auto o = opening_;
-    co_return co_await o->async_wait(asio::use_awaitable);
-  }
-  opening_ = runtime::one_shot<result<void>>::make();
-  auto opening = opening_;
-  auto r = co_await open_route_once();
-  opening_.reset();
-  opening->set(r);
-  co_return r;
-}
-
-awaitable<result<void>> job_queue::open_route_once() {
-  if (opts_.sandbox_dir.empty())
-    co_return error{errc::refused, "no sandbox is configured (job_queue_options.sandbox_dir)"};
-  std::string socket = sandbox::socket_path_for(opts_.sandbox_dir);
-  if (opts_.start_daemon) {
-    auto h = co_await ensure_daemon();
-    if (!h) co_return h.error();
-    socket = h->socket_path;
-  }
-  if (closing()) co_return stopping_error();
-  auto c = co_await sandbox::client::connect(socket, wire::conn_mode::read_write, "tether host",
-                                             opts_.client);
-  if (!c) co_return c.error();
-  if (closing()) co_return stopping_error();  // the client closes as it goes
-  auto hello = (*c)->hello();
-  {
-    // A reconnect must reach the sandbox and generation the queue's jobs run
-    // on: a daemon serving another sandbox, or a replaced (newer) generation,
-    // does not know them, and binding it would make their receipts stale.
-    std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> was;
-    {
-      std::lock_guard lk(m_);
-      was = sandbox_;
-    }
-    if (was && (was->first != hello.sandbox || was->second != hello.generation))
-      co_return error{errc::conflict,
-                      "the sandbox daemon at " + socket + " now answers as sandbox '" +
-                          hello.sandbox.str() + "' generation " + std::to_string(hello.generation) +
-                          ", not sandbox '" + was->first.str() + "' generation " +
-                          std::to_string(was->second) +
-                          " that this host's jobs run on; the route was refused, nothing was "
-                          "sent to it and the host stays bound to generation " +
-                          std::to_string(was->second)};
-  }
-  {
-    // The platform route must reach the generation recovery proved, if any.
-    auto read_bound = [this, sb = hello.sandbox] { return store_.bound_generation(sb); };
-    auto bound = co_await store_.offload(std::move(read_bound));
-    if (!bound) co_return bound.error();
-    if (*bound && **bound > hello.generation)
-      co_return error{errc::refused,
-                      "sandbox '" + hello.sandbox.str() + "' answers with generation " +
-                          std::to_string(hello.generation) + ", older than the bound " +
-                          std::to_string(**bound) + "; nothing was started"};
-  }
-  auto b = co_await store_.bind_sandbox(hello.sandbox, hello.generation);
-  if (!b) co_return b.error();
-  if (closing()) co_return stopping_error();
-  auto platform = std::make_shared<client_route>("platform", std::move(*c));
-  std::shared_ptr<command_route> adapter;
-  if (opts_.adapter) {
-    // An adapter that cannot attach is a route failure, not a sandbox one:
-    // the platform route serves alone.
-    auto a = co_await opts_.adapter(socket);
-    if (a)
-      adapter = std::move(*a);
-    else
-      host_.warn("adapter route did not attach (" + a.error().message +
-                 "); commands go through the platform route on the same sandbox");
-    if (closing()) {
-      if (adapter) adapter->close();
-      co_return stopping_error();
-    }
-  }
-  auto ch = std::make_shared<routed_channel>(platform, adapter, opts_.adapter_failures, lease_);
-  ch->on_fallback = [this](const std::string& w) { host_.warn(w); };
-  channel_ = std::move(ch);
-  std::lock_guard lk(m_);
-  sandbox_ = std::make_pair(hello.sandbox, hello.generation);
-  co_return result<void>{};
+awaitable<result<void>> job_queue::bind_route(protocol::sandbox_id sb, std::uint64_t generation) {
+  // The platform route must reach the generation recovery proved, if any.
+  auto read_bound = [this, sb] { return store_.bound_generation(sb); };
+  auto bound = co_await store_.offload(std::move(read_bound));
+  if (!bound) co_return bound.error();
+  if (*bound && **bound > generation)
+    co_return error{errc::refused, "sandbox '" + sb.str() + "' answers with generation " +
+                                       std::to_string(generation) + ", older than the bound " +
+                                       std::to_string(**bound) + "; nothing was started"};
+  co_return co_await store_.bind_sandbox(sb, generation);
 }
 
 // ---- ownership ---------------------------------------------------------------------------
@@ -367,8 +280,8 @@ awaitable<result<job_id>> job_queue::launch(owner_scope caller, launch_request r
 }
 
 awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_request req) {
-  if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was done"};
-  gate_guard gate{this};
+  auto held = gate_.enter();
+  if (!held) co_return error{errc::stopped, "the host is shutting down; nothing was done"};
   if (caller.tenant.empty() || caller.thread.empty() || caller.turn.empty())
     co_return error{errc::invalid,
                     "launch: the caller's scope needs a tenant, a thread and a turn; "
@@ -389,10 +302,10 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
     std::lock_guard lk(m_);
     if (stopped_) co_return error{errc::stopped, "the host is shutting down; nothing was started"};
   }
-  auto opened = co_await open_route();
+  auto opened = co_await channel_->open();
   if (!opened) co_return opened.error();
   if (closing()) co_return stopping_error();
-  auto channel = channel_;  // kept alive by this frame, whatever happens to channel_
+  auto sb = channel_->sandbox();
 
   owned_job j;
   j.id = job_id(protocol::mint("job"));
@@ -414,8 +327,8 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
     }
   }
   j.scope = caller;
-  j.scope.sandbox = sandbox_->first;
-  j.scope.generation = sandbox_->second;
+  j.scope.sandbox = sb->first;
+  j.scope.generation = sb->second;
   j.channel = req.channel;
   auto env = req.env.empty() ? sandbox::current_environment() : std::move(req.env);
   protocol::scrubber scrub(protocol::scrub_rules::from_env(env));
@@ -425,7 +338,7 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
   auto admitted = co_await store_.admit_job(j);
   if (!admitted) co_return admitted.error();
   TETHER_CRASH_POINT("delivery.launch.after_admit");
-  add_live(j);
+  auto jb = add_live(j);
 
   wire::exec_req er;
   er.command = std::move(req.command);
@@ -434,7 +347,7 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
                                 : std::filesystem::current_path().string();
   er.env = std::move(env);
   er.job = id;
-  auto started = co_await dispatch(id, std::move(er));
+  auto started = co_await channel_->dispatch(id, std::move(er));
   if (!started) {
     bool closing;
     {
@@ -450,7 +363,7 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
       // The daemon refused it: nothing ran.
       auto why = "the command was not started: " + started.error().message;
       auto notice = unknown_notice(id, j.preview, why);
-      co_await finish(id, owned_state::failed, std::nullopt, std::move(notice));
+      co_await jb->finish(owned_state::failed, std::nullopt, std::move(notice));
     } else {
       // Not a transport failure (those are retried) and no answer: a reply
       // the route could not read. Whether it started is unknown, and only
@@ -458,7 +371,7 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
       // the next boot's read-only recovery, and no turn waits on it.
       host_.warn("job " + id.str() + ": its exec was not confirmed (" + started.error().message +
                  "); it stays admitted for the next boot to recover");
-      end_live(id);
+      jb->end();
     }
     co_return started.error();
   }
@@ -468,274 +381,32 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
   // ends quickly cannot outlive the daemon's grace unread. Its completion
   // waits for the started receipt, so the receipts keep their order.
   auto started_written = runtime::one_shot<int>::make();
-  spawn_watch(id, started_written);
+  spawn_follow(jb, started_written);
   auto run = co_await store_.mark_running(id);
   if (!run)
     host_.warn("job " + id.str() + ": its started receipt was not written: " + run.error().message);
-  if (run && *run) {
-    std::lock_guard lk(m_);
-    if (auto it = live_.find(id); it != live_.end()) it->second.job.state = owned_state::running;
-  }
+  if (run && *run) jb->mark_running();
   TETHER_CRASH_POINT("delivery.started.after_commit");
   started_written->set(0);
   co_return id;
 }
 
-void job_queue::spawn_watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started) {
-  {
-    std::lock_guard lk(m_);
-    if (stopped_) return;
-    inflight_ += 2;  // watch's own gate guard, and its completion handler's
-  }
-  auto on_end = [this, job](std::exception_ptr e) {
-    gate_guard gate{this};
+void job_queue::spawn_follow(std::shared_ptr<class job> jb,
+                             std::shared_ptr<runtime::one_shot<int>> started) {
+  // Two holders of the gate: the follow's own, and its completion handler's.
+  auto follows = gate_.enter();
+  if (!follows) return;
+  auto ends = std::make_shared<runtime::gate::holder>(gate_.enter());
+  auto on_end = [this, jb, ends](std::exception_ptr e) {
+    auto done = std::move(*ends);
     if (!e) return;
-    host_.warn("job " + job.str() + ": following it failed: " + runtime::detail::describe(e) +
+    host_.warn("job " + jb->id().str() + ": following it failed: " + runtime::detail::describe(e) +
                "; its live entry ended so no turn waits on it, and the job was left as it is "
                "on disk for the next boot to recover");
-    end_live(job);
+    jb->end();
   };
-  asio::co_spawn(ex_, watch(job, std::move(started)), asio::bind_executor(ex_, std::move(on_end)));
-}
-
-awaitable<result<std::shared_ptr<routed_channel>>> job_queue::reconnect(
-    std::shared_ptr<routed_channel> failed, int attempt) {
-  if (failed && channel_ == failed) {
-    channel_->close();  // its other requests fail too, and reconnect
-    channel_.reset();
-  }
-  if (!co_await retry_later(attempt)) co_return stopping_error();
-  auto opened = co_await open_route();
-  if (!opened) co_return opened.error();
-  if (closing()) co_return stopping_error();
-  co_return channel_;
-}
-
-namespace {
-// A retry's warning: the first, then every tenth (a daemon down for long
-// does not flood the log).
-bool worth_warning(int attempt) {
-  return attempt % 10 == 0;
-}
-}  // namespace
-
-awaitable<result<wire::started_rep>> job_queue::dispatch(job_id job, wire::exec_req er) {
-  auto channel = channel_;
-  for (int attempt = 0;; ++attempt) {
-    if (channel) {
-      auto once = er;
-      auto started = co_await channel->exec(std::move(once));
-      if (started || !is_infrastructure_failure(started.error()) || closing()) co_return started;
-      if (worth_warning(attempt))
-        host_.warn("job " + job.str() + ": no route confirmed its exec (" +
-                   started.error().message +
-                   "); it may have started, so it stays admitted and the exec is sent again "
-                   "(idempotent by job id) once the sandbox answers");
-    }
-    if (opts_.trace) opts_.trace(job, "dispatch_retry");
-    auto again = co_await reconnect(channel, attempt);
-    channel.reset();
-    if (again) {
-      channel = std::move(*again);
-      continue;
-    }
-    if (closing() || again.error().code == errc::conflict) co_return again.error();
-    if (worth_warning(attempt))
-      host_.warn("job " + job.str() + ": no route to the sandbox (" + again.error().message +
-                 "); the exec is retried");
-  }
-}
-
-awaitable<result<protocol::shell_completion>> job_queue::follow(job_id job) {
-  auto channel = channel_;
-  for (int attempt = 0;; ++attempt) {
-    if (channel) {
-      auto done = co_await channel->wait(job);
-      if (done || !is_infrastructure_failure(done.error()) || closing()) co_return done;
-      if (worth_warning(attempt))
-        host_.warn("job " + job.str() + ": following it failed (" + done.error().message +
-                   "); a failed connection is not a failed job: the queue reconnects to the "
-                   "same sandbox and generation and follows it again");
-    }
-    if (opts_.trace) opts_.trace(job, "follow_retry");
-    auto again = co_await reconnect(channel, attempt);
-    channel.reset();
-    if (again) {
-      channel = std::move(*again);
-      continue;
-    }
-    if (closing() || again.error().code == errc::conflict) co_return again.error();
-    if (worth_warning(attempt))
-      host_.warn("job " + job.str() + ": no route to the sandbox (" + again.error().message +
-                 "); following it is retried");
-  }
-}
-
-awaitable<void> job_queue::watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started) {
-  gate_guard gate{this};  // entered by the spawner
-  // A failed connection is not a failed job: follow() reconnects until the
-  // daemon answers; only its answer can make the job lost.
-  auto done = co_await follow(job);
-  if (started) co_await started->async_wait(asio::use_awaitable);
-  if (!done && !done.error().answered && done.error().code == errc::conflict) {
-    // The daemon there is not the job's: its jobs are not attached to it,
-    // and nothing is known about how this one ended.
-    host_.warn("job " + job.str() + ": " + done.error().message +
-               ". The job was not attached to it: it stays as it is on disk, its receipts "
-               "pending, for the next boot to recover on its own sandbox generation (recovery "
-               "refuses to boot until that generation answers); no turn waits on it now");
-    end_live(job);
-    co_return;
-  }
-  if (opts_.trace) opts_.trace(job, "completion");
-  {
-    std::lock_guard lk(m_);
-    if (stopped_) co_return;  // the next boot settles it
-    auto it = live_.find(job);
-    if (it == live_.end()) co_return;
-    if (it->second.cancel_requested) {
-      // A completion during a cancel is the cancel's business: it is written
-      // (as cancelled, or as this completion if the kill found the job ended).
-      if (done) it->second.held = *done;
-      co_return;
-    }
-  }
-  if (!done) {
-    std::string preview;
-    {
-      std::lock_guard lk(m_);
-      if (auto it = live_.find(job); it != live_.end()) preview = it->second.job.preview;
-    }
-    auto notice = unknown_notice(job, preview, done.error().message);
-    co_await finish(job, owned_state::lost, std::nullopt, std::move(notice));
-    co_return;
-  }
-  auto body = protocol::render_notice(*done);
-  auto terminal = terminal_of(*done);
-  co_await finish(job, terminal, std::move(*done), std::move(body));
-}
-
-awaitable<bool> job_queue::finish(job_id job, owned_state terminal,
-                                  std::optional<protocol::shell_completion> c, std::string body,
-                                  bool wake_after) {
-  // The terminal transition is retried until it commits (or the queue
-  // closes): a job whose receipt was never written would stay live for ever,
-  // and a turn withholding its completion would wait on it for ever.
-  auto what =
-      "job " + job.str() + ": its " + std::string(persistence::to_string(terminal)) + " receipt";
-  result<std::optional<receipt>> won = error{errc::failed, "not attempted"};
-  for (int attempt = 0;; ++attempt) {
-    won = co_await store_.finish(job, terminal, c, body);
-    if (won) break;
-    if (!co_await retry_later(attempt)) {
-      host_.warn(what + " was not written: " + won.error().message +
-                 "; the host is shutting down, so the job stays live on disk for the next boot "
-                 "to recover");
-      co_return false;
-    }
-    host_.warn(what + " was not written: " + won.error().message +
-               "; the job stays live and "
-               "the write is retried");
-  }
-  // The first terminal transition won already: it ends the job's live entry
-  // once its own receipt was handed over, not this one.
-  if (!*won) co_return true;
-  {
-    // Terminal on disk: no report lists it as still running any more (the
-    // turn its notice wakes settles before the entry ends), while the entry
-    // stays live, so a withholding turn waits, until the hand-over below.
-    std::lock_guard lk(m_);
-    if (auto it = live_.find(job); it != live_.end()) it->second.job.state = terminal;
-  }
-  if (wake_after)
-    TETHER_CRASH_POINT("delivery.terminal.after_commit");
-  else
-    TETHER_CRASH_POINT("recover.terminal.after_commit");  // ended (or lost) while the host was down
-  if (opts_.trace) opts_.trace(job, "terminal");
-  if (wake_after) {
-    // A job followed since recovery that ends during boot waits for boot's
-    // phases: a wake now could start a session before its running subagent
-    // row was bound, and it would report under a fresh id.
-    auto resumed = resumed_gate();
-    if (!resumed->ready()) {
-      {
-        std::lock_guard lk(m_);
-        ++held_handovers_;
-      }
-      co_await resumed->async_wait(asio::use_awaitable);
-    }
-  }
-  // The hand-over is retried while the host runs: a receipt left pending
-  // would otherwise wait for the next boot, and its turn with it. During
-  // recovery the receipt stays pending for boot's sweep, which resends every
-  // pending receipt through the one delivery path before any session resumes.
-  auto r = std::move(**won);
-  for (int attempt = 0; wake_after; ++attempt) {
-    auto delivered = co_await deliver(r, wake_after);
-    if (delivered) break;
-    if (!co_await retry_later(attempt)) {
-      host_.warn(what + " was kept pending: " + delivered.error().message +
-                 "; the host is shutting down, so the next boot hands it over");
-      break;
-    }
-    host_.warn(what + " was not handed over: " + delivered.error().message +
-               "; it stays pending and the hand-over is retried");
-  }
-  co_await expire_record(job);
-  // Handed over (or kept pending for the next boot): the turn may complete.
-  end_live(job);
-  co_return true;
-}
-
-awaitable<void> job_queue::expire_record(job_id job) {
-  auto channel = channel_;
-  if (!channel || closing()) co_return;  // shutting down: the daemon's own bound applies
-  auto r = co_await channel->expire(job);
-  // Expired already, or never known: nothing is kept for it.
-  if (r || (r.error().answered && r.error().code == errc::not_found)) co_return;
-  host_.warn("job " + job.str() + ": its terminal receipt is written, but the sandbox kept its " +
-             "record (" + r.error().message + "); the daemon drops it after its own bound");
-}
-
-awaitable<bool> job_queue::retry_later(int attempt) {
-  auto t = std::make_shared<asio::steady_timer>(ex_);
-  {
-    std::lock_guard lk(m_);
-    if (stopped_) co_return false;
-    retry_timers_.insert(t);
-  }
-  co_await runtime::pause_before_retry(*t, attempt);
-  std::lock_guard lk(m_);
-  retry_timers_.erase(t);
-  co_return !stopped_;
-}
-
-// ---- delivery ----------------------------------------------------------------------------
-
-awaitable<result<sandbox::daemon_handle>> job_queue::ensure_daemon() {
-  // sandbox::ensure_daemon blocks (it may start one and read its readiness
-  // line): it runs on a thread of its own, never on an executor.
-  sandbox::daemon_options d;
-  d.state_dir = opts_.sandbox_dir;
-  d.binary = opts_.daemon_binary;
-  d.idle_exit = opts_.daemon_idle_exit;
-  auto ready = runtime::one_shot<result<sandbox::daemon_handle>>::make();
-  std::thread([d, ready] { ready->set(sandbox::ensure_daemon(d)); }).detach();
-  co_return co_await ready->async_wait(asio::use_awaitable);
-}
-
-awaitable<result<bool>> job_queue::deliver(receipt r, bool wake_after) {
-  busy(+1);
-  struct done_guard {
-    job_queue* q;
-    ~done_guard() { q->busy(-1); }
-  } guard{this};
-  auto job = r.job;
-  auto b = notice_batch(std::move(r), !wake_after);
-  if (opts_.trace) b.handed_over = [this, job] { opts_.trace(job, "handed_over"); };
-  auto handed = co_await host_.delivery().deliver(std::move(b));
-  if (!handed) co_return handed.error();
-  co_return *handed > 0;
+  auto follow = jb->follow(std::move(started), std::move(follows));
+  asio::co_spawn(ex_, std::move(follow), asio::bind_executor(ex_, std::move(on_end)));
 }
 
 // ---- status, wait, cancel ------------------------------------------------------------------
@@ -753,18 +424,12 @@ awaitable<result<job_view>> job_queue::wait(owner_scope caller, job_id job) {
     // Only this waiting is cancellable (an interrupted drain stops waiting;
     // the job runs on and its turn's stop cancels it).
     auto w = runtime::one_shot<int>::make([] { return -1; });
-    bool live = false;
-    {
-      std::lock_guard lk(m_);
-      if (stopped_)
-        co_return error{errc::stopped, "the host is shutting down; job '" + job.str() +
-                                           "' was left as it is for the next boot to recover"};
-      if (auto it = live_.find(job); it != live_.end()) {
-        it->second.waiters.push_back(w);
-        live = true;
-      }
-    }
-    if (!live) {
+    auto add = add_waiter(job, w);
+    auto live = co_await on_queue(std::move(add));
+    if (live < 0)
+      co_return error{errc::stopped, "the host is shutting down; job '" + job.str() +
+                                         "' was left as it is for the next boot to recover"};
+    if (live == 0) {
       // It ended between the look and now, or the next boot settles it.
       auto again = status_on(caller, job);
       co_return co_await on_queue(std::move(again));
@@ -775,9 +440,17 @@ awaitable<result<job_view>> job_queue::wait(owner_scope caller, job_id job) {
   }
 }
 
+awaitable<int> job_queue::add_waiter(job_id job, std::shared_ptr<runtime::one_shot<int>> w) {
+  if (closing()) co_return -1;
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) co_return 0;
+  it->second->add_waiter(std::move(w));
+  co_return 1;
+}
+
 awaitable<result<job_view>> job_queue::status_on(owner_scope caller, job_id job) {
-  if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was read"};
-  gate_guard gate{this};
+  auto held = gate_.enter();
+  if (!held) co_return error{errc::stopped, "the host is shutting down; nothing was read"};
   auto j = co_await owned(caller, job);
   if (!j) co_return j.error();
   if (persistence::is_terminal(j->state)) {
@@ -795,62 +468,19 @@ awaitable<result<job_view>> job_queue::cancel(owner_scope caller, job_id job) {
 }
 
 awaitable<result<job_view>> job_queue::cancel_on(owner_scope caller, job_id job, bool read) {
-  if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was cancelled"};
-  gate_guard gate{this};
+  auto held = gate_.enter();
+  if (!held) co_return error{errc::stopped, "the host is shutting down; nothing was cancelled"};
   auto j = co_await owned(caller, job);
   if (!j) co_return j.error();
   if (!persistence::is_terminal(j->state)) {
-    {
-      std::lock_guard lk(m_);
-      auto it = live_.find(job);
-      if (it == live_.end())
-        co_return error{errc::conflict, "job '" + job.str() +
-                                            "' is not followed by this host (the next boot "
-                                            "recovers it); it was not cancelled"};
-      if (it->second.cancel_requested)
-        co_return error{errc::conflict, "job '" + job.str() + "' is being cancelled already"};
-      it->second.cancel_requested = true;
-    }
-    // On every way out: the cancel is over, and a completion held back
-    // meanwhile is handed back.
-    std::optional<protocol::shell_completion> held;
-    auto release = [this, &job, &held] {
-      std::lock_guard lk(m_);
-      if (auto it = live_.find(job); it != live_.end()) {
-        it->second.cancel_requested = false;
-        held = std::move(it->second.held);
-      }
-    };
-    auto opened = co_await open_route();
-    if (!opened) {
-      release();
-      if (held) co_await finish(job, terminal_of(*held), *held, protocol::render_notice(*held));
-      co_return opened.error();
-    }
-    auto channel = channel_;
-    auto killed = co_await channel->kill(job);
-    release();
-    if (!killed && killed.error().answered && killed.error().code == errc::not_found && !held) {
-      // The daemon does not know the job: nothing of it runs there, and how
-      // (or whether) it ran is unknown.
-      auto why = "the sandbox does not know it (" + killed.error().message +
-                 "); whether it ran is unknown";
-      auto notice = unknown_notice(job, j->preview, why);
-      co_await finish(job, owned_state::lost, std::nullopt, std::move(notice));
-    } else if (!killed) {
-      // Not confirmed stopped: no cancelled receipt. A completion that came
-      // meanwhile is written as what it is.
-      if (held) co_await finish(job, terminal_of(*held), *held, protocol::render_notice(*held));
-      co_return error{killed.error().code, "job '" + job.str() + "' was not confirmed stopped (" +
-                                               killed.error().message +
-                                               "); no cancelled receipt was written"};
-    } else {
-      TETHER_CRASH_POINT("delivery.cancel.after_kill");
-      // The daemon's answer says how it ended: stopped by us, or already done.
-      auto terminal = terminal_of(*killed);
-      auto body = protocol::render_notice(*killed);
-      co_await finish(job, terminal, std::move(*killed), std::move(body));
-    }
+    auto it = jobs_.find(job);
+    if (it == jobs_.end())
+      co_return error{errc::conflict, "job '" + job.str() +
+                                          "' is not followed by this host (the next boot "
+                                          "recovers it); it was not cancelled"};
+    auto jb = it->second;
+    auto cancelled = co_await jb->cancel();
+    if (!cancelled) co_return cancelled.error();
     auto again = co_await owned(caller, job);
     if (!again) co_return again.error();
     j = std::move(*again);
@@ -865,11 +495,9 @@ awaitable<result<job_view>> job_queue::cancel_on(owner_scope caller, job_id job,
 
 awaitable<result<int>> job_queue::stop_turn(owner_scope turn) {
   std::vector<job_id> mine;
-  {
-    std::lock_guard lk(m_);
-    for (auto& [id, l] : live_)
-      if (turn.owns(l.job.scope)) mine.push_back(id);
-  }
+  auto view = live_view();
+  for (auto& [id, row] : *view)
+    if (turn.owns(row.scope)) mine.push_back(id);
   int n = 0;
   std::optional<error> first;
   for (auto& id : mine) {
@@ -885,12 +513,9 @@ awaitable<result<int>> job_queue::stop_turn(owner_scope turn) {
 awaitable<result<int>> job_queue::stop_thread(protocol::tenant_id tenant,
                                               protocol::session_id thread) {
   std::vector<std::pair<job_id, owner_scope>> mine;
-  {
-    std::lock_guard lk(m_);
-    for (auto& [id, l] : live_)
-      if (l.job.scope.tenant == tenant && l.job.scope.thread == thread)
-        mine.emplace_back(id, l.job.scope);
-  }
+  auto view = live_view();
+  for (auto& [id, row] : *view)
+    if (row.scope.tenant == tenant && row.scope.thread == thread) mine.emplace_back(id, row.scope);
   int n = 0;
   std::optional<error> first;
   for (auto& [id, scope] : mine) {
@@ -911,8 +536,8 @@ awaitable<result<recovery_report>> job_queue::recover() {
 }
 
 awaitable<result<recovery_report>> job_queue::recover_on() {
-  if (!enter()) co_return error{errc::stopped, "the host is shutting down; nothing was done"};
-  gate_guard gate{this};
+  auto held = gate_.enter();
+  if (!held) co_return error{errc::stopped, "the host is shutting down; nothing was done"};
   {
     // Until boot's phases have resumed the sessions (and bound their running
     // subagent rows), no hand-over of this queue wakes anyone.
@@ -942,7 +567,7 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   // ended (a job that was running when it died ends with status -1). It runs
   // nothing new for recovery; a configured sandbox is never started here.
   if (opts_.local && opts_.start_daemon && !live->empty()) {
-    auto started = co_await ensure_daemon();
+    auto started = co_await channel_->ensure_daemon();
     if (!started)
       co_return refuse(error{started.error().code,
                              "the local sandbox daemon in " + opts_.sandbox_dir +
@@ -1026,27 +651,28 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   // Reattach: what ended while the host was down settles once; what runs is
   // followed again; what the daemon does not know is not run again. Their
   // receipts stay pending: boot's sweep resends every pending receipt.
-  std::vector<owned_job> follow;
-  std::vector<job_id> settled;  // ended while the host was down: expired below
+  std::vector<std::shared_ptr<class job>> follow;  // still running: followed again
+  std::vector<owned_job> followed;                 // their rows, as recovery read them
+  std::vector<job_id> settled;                     // ended while the host was down: expired below
   for (auto& j : *live) {
     auto a = co_await ro->attach(j.id, 0);
     if (!a && a.error().answered && a.error().code == errc::not_found) {
-      add_live(j);
+      auto jb = add_live(j);
       std::string why = j.state == owned_state::admitted
                             ? "the host stopped around its dispatch and the sandbox does not know "
                               "it; it was not run again, and whether it ran is unknown"
                             : "the sandbox no longer knows it; how it ended is unknown";
       auto notice = unknown_notice(j.id, j.preview, why);
-      co_await finish(j.id, owned_state::lost, std::nullopt, std::move(notice), false);
+      co_await jb->finish(owned_state::lost, std::nullopt, std::move(notice), false);
       ++rep.lost;
       continue;
     }
     if (!a) co_return refuse_late("reattaching owned job '" + j.id.str() + "'", a.error());
-    add_live(j);
+    auto jb = add_live(j);
     if (a->done) {
       auto body = protocol::render_notice(*a->done);
       auto terminal = terminal_of(*a->done);
-      bool durable = co_await finish(j.id, terminal, std::move(*a->done), std::move(body), false);
+      bool durable = co_await jb->finish(terminal, std::move(*a->done), std::move(body), false);
       ++rep.finished_while_down;
       if (durable) settled.push_back(j.id);
       continue;
@@ -1057,7 +683,8 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
         co_return refuse_late("marking owned job '" + j.id.str() + "' running", run.error());
       if (*run) TETHER_CRASH_POINT("recover.running.after_commit");
     }
-    follow.push_back(j);
+    follow.push_back(jb);
+    followed.push_back(j);
   }
   if (ro) ro->close();
 
@@ -1065,7 +692,7 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   // the terminal receipts are durable. A failure keeps the records (the
   // daemon drops them after its own bound) and does not stop the boot.
   if (!settled.empty()) {
-    auto opened = co_await open_route();
+    auto opened = co_await channel_->open();
     if (!opened) {
       auto w = "recovery: the sandbox keeps the records of " + std::to_string(settled.size()) +
                " job(s) that ended while the host was down, until its own bound: no route to "
@@ -1076,24 +703,25 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
     }
     for (auto& id : settled) {
       if (!opened) break;
-      co_await expire_record(id);
+      co_await channel_->expire_record(id);
       TETHER_CRASH_POINT("recover.expire.after_commit");
     }
   }
 
   if (!follow.empty()) {
-    auto opened = co_await open_route();
+    auto opened = co_await channel_->open();
     if (!opened) co_return refuse_late("opening the platform route", opened.error());
-    for (auto& j : follow) {
-      if (sandbox_ &&
-          (sandbox_->first != j.scope.sandbox || sandbox_->second != j.scope.generation))
+    auto sb = channel_->sandbox();
+    for (std::size_t i = 0; i < follow.size(); ++i) {
+      auto& j = followed[i];
+      if (sb && (sb->first != j.scope.sandbox || sb->second != j.scope.generation))
         co_return refuse_late(
             "following owned job '" + j.id.str() + "'",
-            error{errc::refused, "the platform route reached sandbox '" + sandbox_->first.str() +
-                                     "' generation " + std::to_string(sandbox_->second) +
+            error{errc::refused, "the platform route reached sandbox '" + sb->first.str() +
+                                     "' generation " + std::to_string(sb->second) +
                                      ", not the job's generation " +
                                      std::to_string(j.scope.generation)});
-      spawn_watch(j.id, nullptr);
+      spawn_follow(follow[i], nullptr);
       ++rep.reattached;
     }
   }

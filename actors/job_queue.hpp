@@ -1,6 +1,10 @@
 #pragma once
-// The job queue: one owner of every background job's lifecycle, whichever
-// channel launched it (a tool call, the CLI, the embedding API).
+// The job queue: the owner and registry of every background job, whichever
+// channel launched it (a tool call, the CLI, the embedding API). It admits
+// and launches jobs, checks ownership, runs recovery at boot and keeps the
+// set of live jobs; each live job is a `job` actor (actors/job.hpp) that
+// follows it, takes its cancel and writes its end, and every request to the
+// sandbox goes through the queue's `sandbox_channel` (actors/sandbox_channel.hpp).
 //
 // A job's path (crash points in brackets):
 //   admit: the owner scope is written before anything runs   [delivery.launch.after_admit]
@@ -29,26 +33,32 @@
 // the runtime supplies. A caller that does not own a job is told "not found",
 // exactly as for a job that does not exist.
 //
-// Threads: the queue's coroutines run on its own executor (the routes and the
-// sandbox client live there); public calls hop onto it. The set of live jobs
-// and the revision are also readable from other threads.
-#include <boost/asio/steady_timer.hpp>
+// Threads: the queue's coroutines, its job actors and its sandbox channel
+// run on the queue's executor; public calls hop onto it. The registry (the
+// job actors by id, and their rows as their messages reported them) is
+// touched only there. Other threads (sessions asking turn_has_live_jobs,
+// running or stop_turn) read an immutable snapshot of the live jobs' rows,
+// republished on every change; the revision, the idle count and the held
+// hand-overs are counters under a mutex.
 #include <chrono>
 #include <map>
 #include <mutex>
 #include <set>
 #include <thread>
 
-#include "tether/actors/command_route.hpp"
+#include "tether/actors/sandbox_channel.hpp"
 #include "tether/persistence/task_store.hpp"
 #include "tether/protocol/report.hpp"
 #include "tether/runtime/actor.hpp"
+#include "tether/runtime/gate.hpp"
 #include "tether/runtime/one_shot.hpp"
+#include "tether/runtime/retry.hpp"
 #include "tether/sandbox/daemon_process.hpp"
 
 namespace tether::actors {
 
 class host;
+class job;
 using persistence::owned_job;
 using persistence::owned_state;
 using protocol::owner_scope;
@@ -142,9 +152,11 @@ class job_queue {
   /// How many hand-overs waited for sessions_resumed() (for boot's report).
   int held_handovers();
 
-  /// Live (not yet handed over) jobs of a turn. Any thread.
+  /// Live (not yet handed over) jobs of a turn. Any thread: reads the
+  /// immutable snapshot of the live jobs.
   bool turn_has_live_jobs(const protocol::session_id& thread, const protocol::turn_id& turn);
-  /// Background jobs still running under a thread, for the report's running list.
+  /// Background jobs still running under a thread, for the report's running
+  /// list. Any thread: reads the same snapshot.
   std::vector<protocol::running_item> running(const protocol::session_id& thread);
   /// Bumped by every change of the set of live jobs. Any thread.
   std::uint64_t revision();
@@ -153,64 +165,36 @@ class job_queue {
   /// Resolves once no job is live and no delivery is in flight.
   awaitable<void> wait_idle();
 
-  /// The platform's sandbox, once a route is open.
+  /// The platform's sandbox, once a route is open (the channel's snapshot).
   std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> sandbox() const;
-  routed_channel* channel() { return channel_.get(); }
-  sandbox_lease& lease() { return *lease_; }
+  /// The queue's one sandbox channel: every request to the sandbox goes through it.
+  sandbox_channel& channel() { return *channel_; }
+  sandbox_lease& lease() { return channel_->lease(); }
 
-  /// Refuses new work, ends the routes' connections and waits until every
-  /// coroutine of the queue has finished (a gate), so nothing of the queue is
-  /// left on an executor. Jobs stay as they are on disk and in the daemon;
-  /// the next boot recovers them. Run before the executors stop. Idempotent.
-  awaitable<void> close();
+  /// Refuses new work, stops the sandbox channel (its connections end) and
+  /// waits until every coroutine of the queue and of its jobs has finished
+  /// (its gate), so nothing of the queue is left on an executor. Jobs stay as
+  /// they are on disk and in the daemon; the next boot recovers them. Run
+  /// before the executors stop. Idempotent.
+  awaitable<void> stop();
 
  private:
-  struct live {
-    owned_job job;
-    bool cancel_requested = false;
-    std::optional<protocol::shell_completion> held;  // a completion that arrived during a cancel
-    std::vector<std::shared_ptr<runtime::one_shot<int>>> waiters;
-  };
+  // The job actors reach the queue's services and send it their messages.
+  friend class job;
+  using live_map = std::map<job_id, owned_job>;
 
-  awaitable<result<void>> open_route();
-  awaitable<result<void>> open_route_once();
-  /// The daemon of opts_.sandbox_dir, started if none answers there.
-  awaitable<result<sandbox::daemon_handle>> ensure_daemon();
+  /// The channel's bind hook: refuses a generation older than the bound
+  /// one (read off the executor), then binds it through the writer.
+  awaitable<result<void>> bind_route(protocol::sandbox_id sb, std::uint64_t generation);
   awaitable<result<job_id>> launch_on(owner_scope caller, launch_request req);
   awaitable<result<job_view>> status_on(owner_scope caller, job_id job);
   awaitable<result<job_view>> cancel_on(owner_scope caller, job_id job, bool read);
   awaitable<result<recovery_report>> recover_on();
-  /// Spawns watch() as a coroutine of the queue (the gate counts it until its
-  /// completion handler ran); an exception is logged and ends the live entry.
-  void spawn_watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started);
-  /// Follows a job to its end; its completion is written once `started` is set.
-  awaitable<void> watch(job_id job, std::shared_ptr<runtime::one_shot<int>> started);
-  /// Sends the exec until a daemon answers it (idempotent by job id): a
-  /// transport failure reconnects with a bounded backoff and sends it again,
-  /// until the queue closes. Only an answer (or a close, or a refused route) ends it.
-  awaitable<result<wire::started_rep>> dispatch(job_id job, wire::exec_req er);
-  /// The job's completion, or the daemon's answer that it has none: a
-  /// transport failure reconnects with a bounded backoff and attaches again
-  /// (never `lost`), until the queue closes or the route is refused.
-  awaitable<result<protocol::shell_completion>> follow(job_id job);
-  /// Ends `failed` (if it is still the queue's route), pauses before retry
-  /// `attempt` and opens a route; the stopping error once the queue closes.
-  awaitable<result<std::shared_ptr<routed_channel>>> reconnect(
-      std::shared_ptr<routed_channel> failed, int attempt);
-  /// The terminal CAS and the delivery of its receipt. True once a terminal
-  /// transition of the job is durable (this one or an earlier one).
-  /// `wake_after` false (recovery): the receipt is admitted, nobody is woken.
-  awaitable<bool> finish(job_id job, owned_state terminal,
-                         std::optional<protocol::shell_completion> c, std::string body,
-                         bool wake_after = true);
-  awaitable<result<bool>> deliver(persistence::receipt r, bool wake_after = true);
-  /// The job's terminal receipt is durable: the daemon may drop its record
-  /// (it keeps completed records for their host, up to a far bound). Through
-  /// the open route; without one, recovery expires what it settled.
-  awaitable<void> expire_record(job_id job);
-  /// Pauses before retry `attempt` of a write that must not be given up;
-  /// false once the queue closes (close() ends the pause at once).
-  awaitable<bool> retry_later(int attempt);
+  /// 1: `w` waits for the live job's end; 0: the job is not live here; -1: stopping.
+  awaitable<int> add_waiter(job_id job, std::shared_ptr<runtime::one_shot<int>> w);
+  /// Spawns the job's follow as a coroutine of the queue (the gate counts it
+  /// until its completion handler ran); an exception is logged and ends the job.
+  void spawn_follow(std::shared_ptr<class job> jb, std::shared_ptr<runtime::one_shot<int>> started);
   /// Runs `task` on the queue's executor, shielded from the caller's cancellation.
   template <class T>
   awaitable<T> on_queue(awaitable<T> task);
@@ -218,42 +202,45 @@ class job_queue {
   static error stopping_error();
   /// The owned job, or "not found" for a stranger.
   awaitable<result<owned_job>> owned(owner_scope caller, job_id job);
-  /// Counts a coroutine of the queue in flight; false once closed.
-  bool enter();
-  void leave();
-  struct gate_guard {
-    job_queue* q;
-    ~gate_guard() { q->leave(); }
-  };
-  void add_live(owned_job j);
-  void end_live(const job_id& job);
+  awaitable<result<job_view>> view_of(owned_job j);
+
+  // The registry, on the queue's executor.
+  /// A job actor for a live job, registered.
+  std::shared_ptr<class job> add_live(owned_job j);
+  /// Message from a job actor: its row changed (running, or terminal on disk).
+  void job_changed(const owned_job& row);
+  /// Message from a job actor: it is no longer live (handed over, or left
+  /// for the next boot); the registry forgets it.
+  void job_ended(const job_id& id);
+  void publish_live();
+  std::shared_ptr<const live_map> live_view() const;
   void bump();
   void busy(int delta);
-  awaitable<result<job_view>> view_of(owned_job j);
+  /// A job's hand-over waits for sessions_resumed().
+  void held_handover();
+  std::shared_ptr<runtime::one_shot<int>> resumed_gate();
 
   runtime::executor ex_;
   host& host_;
   persistence::task_store& store_;
   job_queue_options opts_;
-  std::shared_ptr<sandbox_lease> lease_;
-  std::shared_ptr<routed_channel> channel_;
-  std::shared_ptr<runtime::one_shot<result<void>>> opening_;
-  std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> sandbox_;
+  std::unique_ptr<sandbox_channel> channel_;
+
+  runtime::gate gate_;            // every coroutine of the queue and of its jobs
+  runtime::retry_pauses pauses_;  // the jobs' retried writes and hand-overs
+  std::map<job_id, std::shared_ptr<class job>> jobs_;  // live jobs (executor only)
+  live_map index_;  // their rows, as their messages reported them (executor only)
 
   mutable std::mutex m_;
-  std::map<job_id, live> live_;
+  std::shared_ptr<const live_map> live_view_;  // index_'s latest immutable copy
   std::uint64_t revision_ = 0;
   long busy_ = 0;  // live jobs plus deliveries in flight
   std::vector<std::pair<std::uint64_t, std::shared_ptr<runtime::one_shot<std::uint64_t>>>>
       revision_waiters_;
   std::vector<std::shared_ptr<runtime::one_shot<int>>> idle_waiters_;
   bool stopped_ = false;
-  long inflight_ = 0;  // coroutines of the queue running (the gate)
-  std::shared_ptr<runtime::one_shot<int>> drained_;
-  std::shared_ptr<runtime::one_shot<int>> resumed_gate();
   std::shared_ptr<runtime::one_shot<int>> sessions_resumed_;  // set: hand-overs may wake
   int held_handovers_ = 0;
-  std::set<std::shared_ptr<boost::asio::steady_timer>> retry_timers_;  // retries pausing (under m_)
 };
 
 }  // namespace tether::actors

@@ -283,12 +283,8 @@ TEST_CASE("a dropped connection to the daemon is not a failed job: the queue fol
   REQUIRE(d.sync(d.host().prompt(s, "go")));
   auto j = l.id(d);
   REQUIRE(d.sync(d.host().wait_idle(s)));
-  // Cut the queue's connections (on the queue's executor, where they live).
-  auto cut = [](actors::job_queue* q) -> boost::asio::awaitable<void> {
-    q->channel()->close();
-    co_return;
-  };
-  d.sync(cut(&d.host().jobs()));
+  // Cut the queue's connections (the channel does it on its executor, where they live).
+  d.sync(d.host().jobs().channel().drop_connections());
   d.release(gate);
   d.sync(d.host().jobs().wait_idle());
   d.f.quiet();

@@ -1,10 +1,11 @@
-// Command routes (seed 000, the E2B adapter paragraph): a failing command
-// channel is not a failing sandbox. The adapter route is retried while it
-// fails, falls back to the platform route on the SAME sandbox after
-// `max_failures` infrastructure failures in a row, never counts the daemon's
-// own answers as such failures, and may extend the sandbox's lease but never
-// shorten it. Every command is a real process in a real tether-sandboxd.
-#include "tether/actors/command_route.hpp"
+// The sandbox channel and its command routes (seed 000, the E2B adapter
+// paragraph): a failing command channel is not a failing sandbox. The
+// adapter route is retried while it fails, falls back to the platform route
+// on the SAME sandbox after `max_failures` infrastructure failures in a row,
+// never counts the daemon's own answers as such failures, and may extend the
+// sandbox's lease but never shorten it. Every command is a real process in a
+// real tether-sandboxd.
+#include "tether/actors/sandbox_channel.hpp"
 
 #include <atomic>
 #include <fstream>
@@ -16,7 +17,7 @@
 using namespace tether;
 using namespace tether::test;
 using actors::command_route;
-using actors::routed_channel;
+using actors::sandbox_channel;
 using actors::sandbox_lease;
 using protocol::transition;
 using std::chrono::milliseconds;
@@ -155,6 +156,12 @@ int lines_in(const std::string& path) {
   return n;
 }
 
+// The executor the test's coroutine runs on: the channel is pinned to it.
+awaitable<runtime::executor> here() {
+  auto ex = co_await boost::asio::this_coro::executor;
+  co_return *ex.target<runtime::executor>();
+}
+
 bool same_sandbox(const wire::hello_rep& a, const wire::hello_rep& b) {
   return a.sandbox == b.sandbox && a.generation == b.generation && a.pid == b.pid;
 }
@@ -180,9 +187,10 @@ TEST_CASE("an adapter that fails twice is retried and runs the job on the third 
     auto adapter = co_await open_route("adapter", d.socket());
     adapter->fail_next = 2;
     adapter->lose_reply = true;  // the failed attempts reached the daemon
-    routed_channel ch(platform, adapter, 3, std::make_shared<sandbox_lease>());
     int fallbacks = 0;
-    ch.on_fallback = [&](const std::string&) { ++fallbacks; };
+    auto on_fallback = [&](const std::string&) { ++fallbacks; };
+    auto ex = co_await here();
+    sandbox_channel ch(ex, platform, adapter, 3, std::make_shared<sandbox_lease>(), on_fallback);
     std::vector<int> row_at_call;  // failures_in_a_row() as each adapter exec began
     adapter->on_call = [&](const std::string& op) {
       if (op == "exec") row_at_call.push_back(ch.failures_in_a_row());
@@ -231,10 +239,11 @@ TEST_CASE(
     adapter->fail_always = true;
     adapter->lose_reply = true;
     // The default threshold, as job_queue_options has it.
-    routed_channel ch(platform, adapter, actors::job_queue_options{}.adapter_failures,
-                      std::make_shared<sandbox_lease>());
     std::vector<std::string> warnings;
-    ch.on_fallback = [&](const std::string& w) { warnings.push_back(w); };
+    auto on_fallback = [&](const std::string& w) { warnings.push_back(w); };
+    auto ex = co_await here();
+    sandbox_channel ch(ex, platform, adapter, actors::job_queue_options{}.adapter_failures,
+                       std::make_shared<sandbox_lease>(), on_fallback);
     std::vector<int> row_at_call;
     adapter->on_call = [&](const std::string&) {
       CHECK_FALSE(ch.fell_back());
@@ -299,13 +308,15 @@ TEST_CASE("the fallback threshold is configurable, and below one it is one", "[r
       auto adapter = co_await open_route("adapter", d.socket());
       adapter->fail_always = true;
       adapter->lose_reply = true;
-      routed_channel ch(platform, adapter, configured, std::make_shared<sandbox_lease>());
       int fallbacks = 0;
       std::string warning;
-      ch.on_fallback = [&](const std::string& w) {
+      auto on_fallback = [&](const std::string& w) {
         ++fallbacks;
         warning = w;
       };
+      auto ex = co_await here();
+      sandbox_channel ch(ex, platform, adapter, configured, std::make_shared<sandbox_lease>(),
+                         on_fallback);
       std::vector<int> row_at_call;
       adapter->on_call = [&](const std::string&) {
         CHECK_FALSE(ch.fell_back());
@@ -342,9 +353,10 @@ TEST_CASE("a route failing only waits falls back on the wait, the exec went thro
     auto adapter = co_await open_route("adapter", d.socket());
     adapter->fail_always = true;
     adapter->only = {"wait"};
-    routed_channel ch(platform, adapter, 3, std::make_shared<sandbox_lease>());
     std::vector<std::string> warnings;
-    ch.on_fallback = [&](const std::string& w) { warnings.push_back(w); };
+    auto on_fallback = [&](const std::string& w) { warnings.push_back(w); };
+    auto ex = co_await here();
+    sandbox_channel ch(ex, platform, adapter, 3, std::make_shared<sandbox_lease>(), on_fallback);
 
     auto r = command("echo ran >> " + side + "; echo out-of-job", cwd);
     r.job = job_id("job-only-wait");
@@ -378,9 +390,10 @@ TEST_CASE(
   auto body = [&]() -> awaitable<void> {
     auto platform = co_await open_route("platform", d.socket());
     auto adapter = co_await open_route("adapter", d.socket());
-    routed_channel ch(platform, adapter, 3, std::make_shared<sandbox_lease>());
     int fallbacks = 0;
-    ch.on_fallback = [&](const std::string&) { ++fallbacks; };
+    auto on_fallback = [&](const std::string&) { ++fallbacks; };
+    auto ex = co_await here();
+    sandbox_channel ch(ex, platform, adapter, 3, std::make_shared<sandbox_lease>(), on_fallback);
 
     // Refusals straight from the daemon: not retried, not counted, not rewritten.
     for (int i = 0; i < 4; ++i) {
@@ -453,7 +466,8 @@ TEST_CASE(
     const std::int64_t hour = 3600 * 1000;
     const std::int64_t initial = runtime::now_ms() + hour;
     auto lease = std::make_shared<sandbox_lease>(initial);
-    routed_channel ch(platform, adapter, 3, lease);
+    auto ex = co_await here();
+    sandbox_channel ch(ex, platform, adapter, 3, lease);
 
     // Shorter than what is left of the lease: unchanged.
     adapter->timeout_ = milliseconds(10 * 60 * 1000);
@@ -542,10 +556,9 @@ TEST_CASE(
   CHECK(lines_in(side) == 1);
 
   // The channel fell back after three failed execs; the adapter saw nothing after.
-  auto* ch = d.host().jobs().channel();
-  REQUIRE(ch != nullptr);
-  CHECK(ch->fell_back());
-  CHECK(ch->name() == "platform");
+  auto& ch = d.host().jobs().channel();
+  CHECK(ch.fell_back());
+  CHECK(ch.name() == "platform");
   CHECK(probe->exec_calls.load() == 3);
   CHECK(probe->wait_calls.load() == 0);
   CHECK(probe->kill_calls.load() == 0);
@@ -589,10 +602,10 @@ TEST_CASE(
   auto body = [&]() -> awaitable<void> {
     auto platform = co_await open_route("platform", d.socket());
     auto adapter = co_await open_route("adapter", d.socket());
-    routed_channel ch(platform, adapter, 3, std::make_shared<sandbox_lease>());
     int fallbacks = 0;
-    ch.on_fallback = [&](const std::string&) { ++fallbacks; };
-    auto ex = co_await boost::asio::this_coro::executor;
+    auto on_fallback = [&](const std::string&) { ++fallbacks; };
+    auto ex = co_await here();
+    sandbox_channel ch(ex, platform, adapter, 3, std::make_shared<sandbox_lease>(), on_fallback);
     std::vector<job_id> jobs;
     for (int i = 0; i < 4; ++i) {
       auto r = command("sleep 1", cwd);
@@ -632,7 +645,8 @@ TEST_CASE("a daemon's own I/O error answer is not a route failure: no retry, no 
   auto body = [&]() -> awaitable<void> {
     auto platform = co_await open_route("platform", d.socket());
     auto adapter = co_await open_route("adapter", d.socket());
-    routed_channel ch(platform, adapter, 3, std::make_shared<sandbox_lease>());
+    auto ex = co_await here();
+    sandbox_channel ch(ex, platform, adapter, 3, std::make_shared<sandbox_lease>());
     // The daemon cannot create the job's directory: it answers "io".
     std::filesystem::remove_all(jobs_dir);
     {
