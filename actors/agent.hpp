@@ -60,6 +60,10 @@ class agent_context {
   /// Starts a background shell (a real process); returns its job id. It is
   /// an owned job of this turn (launch_job), in the configured sandbox or the
   /// host's local daemon; its receipt follows the session's job policy.
+  /// Idempotent across a crash: a busy period resumed by boot runs its turn
+  /// again under the same turn id, and its n-th shell with the same command
+  /// gets back the job the first run launched (the launch's key is the
+  /// shell's position in the period and a hash of its command).
   virtual awaitable<result<std::string>> start_shell(std::string command) = 0;
   /// The scope the runtime supplies for jobs this turn launches.
   virtual owner_scope scope() const = 0;

@@ -62,10 +62,26 @@ class session::context : public agent_context {
     // A shell is an owned job of this turn: one queue owns every background
     // command (a host with no sandbox configured runs a local daemon).
     launch_request req;
+    // Idempotent across a replay: a busy period resumed after a crash runs
+    // its turn again under the same turn id, and its n-th shell with the
+    // same command gets the job the first run launched, never a second run.
+    req.key = shell_key(++shells_, command);
     req.command = std::move(command);
     auto id = co_await launch_job(std::move(req));
     if (!id) co_return id.error();
     co_return id->str();
+  }
+
+  // "s<n>-<FNV-1a of the command, 16 hex digits>": 1-64 of [A-Za-z0-9_.-].
+  static std::string shell_key(int n, const std::string& command) {
+    std::uint64_t h = 1469598103934665603ULL;
+    for (unsigned char c : command) {
+      h ^= c;
+      h *= 1099511628211ULL;
+    }
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    return "s" + std::to_string(n) + "-" + hex;
   }
 
   owner_scope scope() const override {
@@ -253,6 +269,7 @@ class session::context : public agent_context {
   }
 
   std::shared_ptr<session> s_;
+  int shells_ = 0;  // start_shell calls in this busy period, for their keys
 };
 
 session::session(runtime::executor ex, host& h, session_row row, std::shared_ptr<agent> a)

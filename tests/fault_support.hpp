@@ -132,7 +132,8 @@ inline report_outcome read_report_outcome(const std::string& db) {
   REQUIRE(sessions);
   // A shell's id in a still-running list: an owned job's (job_), or a local
   // shell's (sh_) in a file an earlier build wrote.
-  std::regex shell_id("shell \\((job|sh)_[0-9a-f]+\\)");
+  // A job id: minted (job_<hex>) or keyed by its turn (job_turn_<hex>_<key>).
+  std::regex shell_id("shell \\((job|sh)_[0-9A-Za-z_.-]+\\)");
   std::multiset<std::string> transcript;
   for (auto& m : *msgs) {
     if (m.kind == "report") transcript.insert(m.text);
