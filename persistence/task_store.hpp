@@ -147,6 +147,18 @@ struct settle_result {
   bool row_written = false;  // a terminal row now owes a report
 };
 
+/// A task row of a kind that no store operation handles any more (a
+/// `local_shell` an earlier build wrote, history since schema step 6), as
+/// tools like `tether inspect` list it: its columns as written, not decoded.
+struct history_task {
+  std::string id;
+  std::string kind;
+  std::string state;
+  std::optional<session_id> owner;  // the session it reported to (child_id)
+  std::string mode;
+  std::int64_t created_at = 0;
+};
+
 /// The reads of the store, through read-only connections that never wait on
 /// the writer. On its own it serves tools like `tether inspect`, and never
 /// creates, migrates or writes the file; check_readable() it first.
@@ -160,6 +172,8 @@ class task_reader {
   result<std::vector<session_row>> sessions();
   /// Every subagent task, delivered ones included, oldest first.
   result<std::vector<job_row>> jobs();
+  /// Every task of a kind no store operation handles (history), oldest first.
+  result<std::vector<history_task>> history_tasks();
   /// The ones boot has work for: running, or owing their report.
   result<std::vector<job_row>> outstanding_jobs();
   result<std::vector<message_row>> messages(const session_id& s, std::int64_t after = 0);

@@ -679,6 +679,29 @@ result<std::vector<session_row>> task_reader::sessions() {
   }
 }
 
+result<std::vector<history_task>> task_reader::history_tasks() {
+  try {
+    auto db = readers_.acquire();
+    auto& q = db.statement(
+        "SELECT id, kind, state, child_id, coalesce(mode, ''), created_at FROM tasks "
+        "WHERE kind NOT IN ('subagent', 'shell') ORDER BY created_at, id");
+    std::vector<history_task> out;
+    while (q.executeStep()) {
+      history_task t;
+      t.id = q.getColumn(0).getString();
+      t.kind = q.getColumn(1).getString();
+      t.state = q.getColumn(2).getString();
+      if (auto o = opt_text(q.getColumn(3))) t.owner = session_id(*o);
+      t.mode = q.getColumn(4).getString();
+      t.created_at = q.getColumn(5).getInt64();
+      out.push_back(std::move(t));
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return read_error("reading history tasks", e);
+  }
+}
+
 awaitable<result<std::optional<session_row>>> task_reader::load_session(session_id s) {
   auto read = [this, s] { return session(s); };
   co_return co_await offload(std::move(read));

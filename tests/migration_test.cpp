@@ -357,3 +357,19 @@ TEST_CASE("boot refuses a local shell row still running, naming its table, key a
   CHECK_THAT(out, Catch::Contains("a local shell still running"));
   CHECK(read_local_shell(db).state == "running");  // left as it was
 }
+
+TEST_CASE("tether inspect lists a local shell an earlier build left as a task of its own kind",
+          "[migration]") {
+  test::scratch_dir root("migration-local-inspect");
+  auto dir = root.path() / "story";
+  install_fixture(dir, "v5-local-shell-running.db");
+  resume_demo(dir);
+  auto db = (dir / "tether.db").string();
+  std::string out;
+  int st = test::run_process({k_tether, "inspect", db}, &out);
+  INFO(out);
+  REQUIRE(WIFEXITED(st));
+  REQUIRE(WEXITSTATUS(st) == 0);
+  CHECK_THAT(out, Catch::Contains("local_shell lost"));
+  CHECK_THAT(out, Catch::Contains("(history: a kind this build no longer runs)"));
+}

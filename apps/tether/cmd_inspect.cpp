@@ -26,6 +26,7 @@ struct snapshot {
   std::vector<job_row> jobs;
   std::vector<std::pair<std::string, std::vector<inbox_row>>> inboxes;  // by session
   std::vector<persistence::owned_job> owned;
+  std::vector<persistence::history_task> history;  // kinds no longer run (local_shell)
   std::vector<persistence::receipt> receipts;
 };
 
@@ -33,7 +34,7 @@ result<snapshot> read_snapshot(const std::string& path) {
   auto version = persistence::check_readable(path);
   if (!version) return version.error();
   persistence::task_reader reader(path);
-  snapshot s{path, *version, {}, {}, {}, {}, {}};
+  snapshot s{path, *version, {}, {}, {}, {}, {}, {}};
   auto sessions = reader.sessions();
   if (!sessions) return sessions.error();
   s.sessions = std::move(*sessions);
@@ -48,6 +49,9 @@ result<snapshot> read_snapshot(const std::string& path) {
   auto owned = reader.all_jobs();
   if (!owned) return owned.error();
   s.owned = std::move(*owned);
+  auto history = reader.history_tasks();
+  if (!history) return history.error();
+  s.history = std::move(*history);
   auto rs = reader.all_receipts();
   if (!rs) return rs.error();
   s.receipts = std::move(*rs);
@@ -114,6 +118,15 @@ json::object to_json(const snapshot& s) {
     o["scope"] = protocol::to_json(j.scope);
     o["command"] = j.preview;
     o["channel"] = j.channel;
+    tasks.push_back(std::move(o));
+  }
+  for (auto& h : s.history) {
+    json::object o;
+    o["id"] = h.id;
+    o["kind"] = h.kind;
+    o["state"] = h.state;
+    o["owner"] = opt_json(h.owner);
+    o["mode"] = h.mode;
     tasks.push_back(std::move(o));
   }
   json::object inbox;
@@ -209,7 +222,7 @@ void print_text(std::ostream& out, const snapshot& s) {
 
 void print_tasks(std::ostream& out, const snapshot& s) {
   // Every task of every kind, in one table.
-  out << "\ntasks (" << s.jobs.size() + s.owned.size() << ")\n";
+  out << "\ntasks (" << s.jobs.size() + s.owned.size() + s.history.size() << ")\n";
   std::vector<std::vector<std::string>> rows{
       {"id", "kind", "state", "owner", "child", "turn", "sandbox", "generation", "what"}};
   for (auto& j : s.jobs)
@@ -219,6 +232,9 @@ void print_tasks(std::ostream& out, const snapshot& s) {
     rows.push_back({j.id.str(), "shell", std::string(persistence::to_string(j.state)),
                     j.scope.thread.str(), "-", j.scope.turn.str(), j.scope.sandbox.str(),
                     std::to_string(j.scope.generation), j.preview});
+  for (auto& h : s.history)
+    rows.push_back({h.id, h.kind, h.state, opt(h.owner), "-", "-", "-", "-",
+                    "(history: a kind this build no longer runs)"});
   if (rows.size() > 1) table(out, rows);
   auto pending = std::count_if(s.receipts.begin(), s.receipts.end(), [](auto& r) {
     return r.state == persistence::receipt_state::pending;
