@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <cstdio>
 #include <set>
@@ -679,6 +680,14 @@ awaitable<result<boot_report>> host::boot() {
   jobs_->sessions_resumed();
   // Retention last: nothing it deletes is owed, so nothing above needs it.
   auto expired = co_await expire_tasks();
+  if (expired && opts_.on_retention_sweep) opts_.on_retention_sweep(*expired);
+  if (opts_.task_retention && !sweep_timer_) {
+    if (auto held = sweeps_.enter()) {
+      auto ex = pool_->at(0);
+      sweep_timer_ = std::make_shared<asio::steady_timer>(ex);
+      asio::co_spawn(ex, retention_sweeps(std::move(held)), asio::detached);
+    }
+  }
   std::lock_guard lk(*rep_m);
   if (expired)
     rep.expired = *expired;
@@ -689,6 +698,22 @@ awaitable<result<boot_report>> host::boot() {
     warn(w);
   }
   co_return rep;
+}
+
+awaitable<void> host::retention_sweeps(runtime::gate::holder held) {
+  auto timer = sweep_timer_;
+  for (;;) {
+    timer->expires_after(opts_.retention_sweep_every);
+    boost::system::error_code ec;
+    co_await timer->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (ec || shutting_down_) co_return;
+    auto n = co_await expire_tasks();
+    if (!n)
+      warn("retention: expiring finished tasks: " + n.error().message +
+           "; they stay until the next sweep");
+    else if (opts_.on_retention_sweep)
+      opts_.on_retention_sweep(*n);
+  }
 }
 
 awaitable<result<int>> host::expire_tasks() {
@@ -711,7 +736,20 @@ void host::shutdown() {
     shut_ = true;
   }
   shutting_down_ = true;
-  // The queue first: its coroutines finish (their connections closed) while
+  // The retention sweep first: its timer is cancelled on its executor, and a
+  // sweep already running finishes while the writer still answers it.
+  {
+    auto stop_sweeps = [this]() -> awaitable<void> {
+      if (sweep_timer_) sweep_timer_->cancel();
+      co_await sweeps_.close();
+    };
+    try {
+      runtime::sync_wait(pool_->at(0), stop_sweeps());
+    } catch (const std::exception& e) {
+      warn(std::string("shutdown: retention sweep: ") + e.what());
+    }
+  }
+  // The queue next: its coroutines finish (their connections closed) while
   // the sessions and the writer still answer them.
   if (jobs_) {
     try {

@@ -12,6 +12,7 @@
 //   [report.wake.after_tell] the parent's drain moves it into the transcript
 //   and acknowledges it in one transaction [report.drain.after_ack].
 // A crash anywhere is repaired at boot from what is on disk.
+#include <boost/asio/steady_timer.hpp>
 #include <functional>
 #include <map>
 #include <memory>
@@ -29,6 +30,7 @@
 #include "tether/persistence/writer.hpp"
 #include "tether/protocol/scrub.hpp"
 #include "tether/runtime/executor_pool.hpp"
+#include "tether/runtime/gate.hpp"
 #include "tether/runtime/sync_wait.hpp"
 
 namespace tether::actors {
@@ -76,6 +78,12 @@ struct host_options {
   /// receipts once it has not changed for this long, at each boot and by
   /// expire_tasks(). nullopt keeps every task for good.
   std::optional<std::chrono::milliseconds> task_retention = std::chrono::hours(24 * 7);
+  /// How often a booted host runs that retention sweep while it is up (the
+  /// first one runs at boot).
+  std::chrono::milliseconds retention_sweep_every = std::chrono::hours(1);
+  /// Instrumentation (tests): called after each retention sweep, at boot
+  /// and periodically, with how many tasks it deleted. Keep it short.
+  std::function<void(int)> on_retention_sweep;
   /// Where warnings go (boot: id conflicts, cleared rows). Default: stderr.
   std::function<void(const std::string&)> log;
 };
@@ -204,6 +212,9 @@ class host {
   /// Boot's sweep, phase 1: resends every pending notice, waking nobody.
   awaitable<void> resend_notices(boot_report& rep);
   awaitable<bool> resume_inbox_period(persistence::session_row s, boot_report& rep);
+  /// The periodic retention sweep, started by boot (on pool_->at(0)); ends
+  /// when shutdown cancels its timer.
+  awaitable<void> retention_sweeps(runtime::gate::holder held);
 
   struct session_info {
     std::optional<session_id> parent;
@@ -241,6 +252,8 @@ class host {
   };
   std::vector<quiet_waiter> quiescent_waiters_;
   std::atomic<bool> shutting_down_{false};
+  runtime::gate sweeps_;                                    // the retention sweep in flight
+  std::shared_ptr<boost::asio::steady_timer> sweep_timer_;  // on pool_->at(0)
   bool shut_ = false;
 };
 

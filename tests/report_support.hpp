@@ -126,6 +126,7 @@ class report_fixture {
     o.resume_budget = budget;
     o.jobs = jobs;
     if (retention) o.task_retention = *retention;
+    if (tune) tune(o);
     o.log = [this](const std::string& w) {
       std::lock_guard lk(m);
       warnings.push_back(w);
@@ -234,6 +235,8 @@ class report_fixture {
   actors::boot_report boot;
   /// The host's task retention; unset: the host's default.
   std::optional<std::optional<std::chrono::milliseconds>> retention;
+  /// Last word on the host's options at each open.
+  std::function<void(actors::host_options&)> tune;
   std::mutex m;
   std::vector<std::string> warnings;
 };

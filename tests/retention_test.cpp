@@ -1,7 +1,9 @@
 // Retention of finished work: a terminal task that owes nothing is deleted
 // with its receipts once it is older than host_options::task_retention; a
 // running task and a task whose report or notice is still owed never are.
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <future>
 
 #include "catch_result.hpp"
 #include "report_support.hpp"
@@ -134,4 +136,32 @@ TEST_CASE("boot expires finished tasks past the host's retention, and keeps them
   f.restart();
   CHECK(f.boot.expired == 1);
   CHECK(f.host->store().jobs()->empty());
+}
+
+TEST_CASE("a running host sweeps finished tasks past its retention without a restart",
+          "[retention]") {
+  report_fixture f("retention_periodic");
+  auto swept = std::make_shared<std::promise<int>>();
+  auto once = std::make_shared<std::atomic<bool>>(false);
+  f.retention.emplace(std::chrono::milliseconds(0));
+  f.tune = [swept, once](actors::host_options& o) {
+    o.retention_sweep_every = std::chrono::milliseconds(10);
+    o.on_retention_sweep = [swept, once](int n) {
+      if (n > 0 && !once->exchange(true)) swept->set_value(n);
+    };
+  };
+  f.restart();
+  auto run = [&f](auto a) { return f.sync(std::move(a)); };
+  REQUIRE(run(f.host->create_session("parent", session_id("parent"))));
+  ended_child(run, f.host->store(), "done", true);
+  // The event is the sweep that deleted it; the bound only ends a failing run.
+  auto got = swept->get_future();
+  REQUIRE(got.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+  CHECK(got.get() == 1);
+  auto tasks = f.host->store().jobs();
+  REQUIRE(tasks);
+  CHECK(tasks->empty());
+  auto inbox = f.host->store().inbox(session_id("parent"));
+  REQUIRE(inbox);
+  CHECK(inbox->size() == 1);  // the delivered report stays the parent's
 }
