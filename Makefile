@@ -1,10 +1,16 @@
 # Quick start: `make demo` runs the main job, `make test` builds and runs the tests.
-# SANITIZE=1 builds with -fsanitize=address,undefined into its own tree.
+# SANITIZE=1 builds with -fsanitize=address,undefined into its own tree;
+# SANITIZE=thread builds with -fsanitize=thread into build-tsan (not run by CI).
 SANITIZE ?= 0
 JOBS ?= $(shell nproc)
 ifeq ($(SANITIZE),1)
 BUILD ?= build-asan
 CMAKE_FLAGS += -DTETHER_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DTETHER_BUILD_BENCH=OFF
+else ifeq ($(SANITIZE),thread)
+BUILD ?= build-tsan
+CMAKE_FLAGS += -DTETHER_SANITIZE_THREAD=ON -DCMAKE_BUILD_TYPE=Debug -DTETHER_BUILD_BENCH=OFF
+# tsan.supp names each suppressed report and why it is not a race.
+export TSAN_OPTIONS ?= halt_on_error=0 second_deadlock_stack=1 history_size=4 suppressions=$(CURDIR)/tsan.supp
 else
 BUILD ?= build
 CMAKE_FLAGS += -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -64,4 +70,4 @@ format:
 	clang-format -i $$(git ls-files '*.cpp' '*.hpp')
 
 clean:
-	rm -rf build build-asan $(FUZZ_BUILD)
+	rm -rf build build-asan build-tsan $(FUZZ_BUILD)

@@ -785,6 +785,9 @@ void host::shutdown() {
   }
   if (writer_) writer_->stop();
   pool_->stop();
+  // A read offloaded before the stop completes into a stopped executor, which
+  // still exists: it must be done posting before ~host destroys the executors.
+  if (store_) store_->join_reads();
   {
     std::lock_guard lk(m_);
     sessions_.clear();

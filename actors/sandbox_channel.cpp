@@ -55,7 +55,10 @@ sandbox_channel::sandbox_channel(runtime::executor ex, std::shared_ptr<command_r
   publish();
 }
 
-sandbox_channel::~sandbox_channel() = default;
+sandbox_channel::~sandbox_channel() {
+  std::lock_guard lk(starters_m_);
+  for (auto& s : starters_) s.thread.join();
+}
 
 // Runs `task` on the channel's executor to its end: the caller's
 // cancellation must not cut a request in half (an exec whose answer is lost
@@ -197,7 +200,17 @@ awaitable<result<sandbox::daemon_handle>> sandbox_channel::ensure_daemon() {
   d.binary = opts_.daemon_binary;
   d.idle_exit = opts_.daemon_idle_exit;
   auto ready = runtime::one_shot<result<sandbox::daemon_handle>>::make();
-  std::thread([d, ready] { ready->set(sandbox::ensure_daemon(d)); }).detach();
+  {
+    std::lock_guard lk(starters_m_);
+    // Those that answered only have their post and exit left: joining them is brief.
+    std::erase_if(starters_, [](starter& s) {
+      if (!s.ready->ready()) return false;
+      s.thread.join();
+      return true;
+    });
+    starters_.push_back(
+        {std::thread([d, ready] { ready->set(sandbox::ensure_daemon(d)); }), ready});
+  }
   co_return co_await ready->async_wait(asio::use_awaitable);
 }
 

@@ -30,6 +30,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tether/actors/command_route.hpp"
 #include "tether/runtime/actor.hpp"
@@ -200,6 +202,16 @@ class sandbox_channel {
   // On the channel's executor only.
   std::shared_ptr<routes> routes_;
   std::shared_ptr<runtime::one_shot<result<void>>> opening_;
+
+  // The threads ensure_daemon() started; joined by the destructor (they
+  // post their answer to an executor, which must outlive the post), and
+  // reaped once they answered.
+  struct starter {
+    std::thread thread;
+    std::shared_ptr<runtime::one_shot<result<sandbox::daemon_handle>>> ready;
+  };
+  std::mutex starters_m_;
+  std::vector<starter> starters_;
 
   // Snapshots for other threads, written on the channel's executor.
   mutable std::mutex m_;

@@ -393,6 +393,15 @@ std::uint64_t reads_on_executor() {
   return g_reads_on_executor.load(std::memory_order_relaxed);
 }
 
+void reader_pool::join() {
+  std::unique_ptr<boost::asio::thread_pool> threads;
+  {
+    std::lock_guard lk(m_);
+    threads = std::move(threads_);
+  }
+  if (threads) threads->join();
+}
+
 boost::asio::thread_pool& reader_pool::read_threads() {
   std::lock_guard lk(m_);
   if (!threads_) threads_ = std::make_unique<boost::asio::thread_pool>(2);

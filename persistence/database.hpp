@@ -89,6 +89,13 @@ class reader_pool {
   /// A connection for the caller's exclusive use until the lease ends.
   lease acquire();
 
+  /// Waits for the reads in flight and ends the read threads (a later
+  /// offload() starts them again). A read completes by posting to its
+  /// caller's executor, and post() still touches that io_context after the
+  /// handler may have run: whoever destroys the executors joins the reads
+  /// first (host::shutdown, once its executors stopped).
+  void join();
+
   /// Runs `fn` (a read through this pool, returning a result<T>) on the
   /// pool's own read threads and resumes the caller on its executor once it
   /// returned: an actor awaits its reads instead of blocking its executor on

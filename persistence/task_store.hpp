@@ -212,6 +212,8 @@ class task_reader {
   auto offload(F fn) {
     return readers_.offload(std::move(fn));
   }
+  /// Waits for the offloaded reads in flight and ends their threads (reader_pool::join).
+  void join_reads() { readers_.join(); }
 
  protected:
   reader_pool readers_;
