@@ -701,6 +701,8 @@ awaitable<result<boot_report>> host::boot() {
 }
 
 awaitable<void> host::retention_sweeps(runtime::gate::holder held) {
+  // `held` keeps shutdown's close of the gate waiting until this frame ends.
+  (void)held;
   auto timer = sweep_timer_;
   for (;;) {
     timer->expires_after(opts_.retention_sweep_every);
@@ -742,6 +744,8 @@ void host::shutdown() {
     auto stop_sweeps = [this]() -> awaitable<void> {
       if (sweep_timer_) sweep_timer_->cancel();
       co_await sweeps_.close();
+      // The timer goes before its executor does (~host destroys the pool).
+      sweep_timer_.reset();
     };
     try {
       runtime::sync_wait(pool_->at(0), stop_sweeps());
