@@ -321,7 +321,7 @@ awaitable<result<std::optional<receipt>>> task_store::finish(
     terminal_write tw;
     tw.task = id;
     tw.kind = "shell";
-    tw.state = to_string(terminal);
+    tw.state = std::string(to_string(terminal));
     tw.transition = transition_of(terminal);
     if (completion) tw.completion = protocol::to_text(protocol::sandbox::to_json(*completion));
     tw.receipt_body = body;

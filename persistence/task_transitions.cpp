@@ -70,7 +70,7 @@ std::optional<terminal_written> terminal_transition(SQLite::Database& db, const 
                               "completion = coalesce(?, completion), updated_at = ? "
                               "WHERE id = ? AND kind = ? AND state IN ('admitted','running') "
                               "RETURNING coalesce(scope, ''), parent_id");
-  up.bind(1, std::string(w.state));
+  up.bind(1, w.state);
   if (w.body)
     up.bind(2, *w.body);
   else

@@ -18,8 +18,8 @@ namespace tether::persistence {
 /// One task's terminal transition and its receipt.
 struct terminal_write {
   protocol::job_id task;
-  std::string_view kind;   // the kind the caller expects the task to be
-  std::string_view state;  // the terminal state word (completed, failed, ...)
+  std::string_view kind;  // the kind the caller expects the task to be
+  std::string state;      // the terminal state word (completed, failed, ...)
   protocol::transition transition = protocol::transition::completed;
   std::optional<std::string> body;             // the task's rendered report (subagent), if any
   std::optional<std::string> completion;       // the completion's JSON (shell), if any
