@@ -494,20 +494,11 @@ awaitable<result<job_view>> job_queue::cancel_on(owner_scope caller, job_id job,
 }
 
 awaitable<result<int>> job_queue::stop_turn(owner_scope turn) {
-  std::vector<job_id> mine;
+  std::vector<std::pair<job_id, owner_scope>> mine;
   auto view = live_view();
   for (auto& [id, row] : *view)
-    if (turn.owns(row.scope)) mine.push_back(id);
-  int n = 0;
-  std::optional<error> first;
-  for (auto& id : mine) {
-    auto task = cancel_on(turn, id, false);
-    auto r = co_await on_queue(std::move(task));
-    if (r && r->state == owned_state::cancelled) ++n;
-    if (!r && !first && r.error().code != errc::not_found) first = r.error();
-  }
-  if (first) co_return *first;
-  co_return n;
+    if (turn.owns(row.scope)) mine.emplace_back(id, turn);
+  co_return co_await cancel_each(std::move(mine));
 }
 
 awaitable<result<int>> job_queue::stop_thread(protocol::tenant_id tenant,
@@ -516,10 +507,14 @@ awaitable<result<int>> job_queue::stop_thread(protocol::tenant_id tenant,
   auto view = live_view();
   for (auto& [id, row] : *view)
     if (row.scope.tenant == tenant && row.scope.thread == thread) mine.emplace_back(id, row.scope);
+  co_return co_await cancel_each(std::move(mine));
+}
+
+awaitable<result<int>> job_queue::cancel_each(std::vector<std::pair<job_id, owner_scope>> jobs) {
   int n = 0;
   std::optional<error> first;
-  for (auto& [id, scope] : mine) {
-    auto task = cancel_on(scope, id, false);
+  for (auto& [id, caller] : jobs) {
+    auto task = cancel_on(caller, id, false);
     auto r = co_await on_queue(std::move(task));
     if (r && r->state == owned_state::cancelled) ++n;
     if (!r && !first && r.error().code != errc::not_found) first = r.error();

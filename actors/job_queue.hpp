@@ -189,6 +189,9 @@ class job_queue {
   awaitable<result<job_id>> launch_on(owner_scope caller, launch_request req);
   awaitable<result<job_view>> status_on(owner_scope caller, job_id job);
   awaitable<result<job_view>> cancel_on(owner_scope caller, job_id job, bool read);
+  /// Cancels each job in the scope given with it (confirmed); how many ended
+  /// cancelled, or the first error other than "not found" (the rest are still tried).
+  awaitable<result<int>> cancel_each(std::vector<std::pair<job_id, owner_scope>> jobs);
   awaitable<result<recovery_report>> recover_on();
   /// 1: `w` waits for the live job's end; 0: the job is not live here; -1: stopping.
   awaitable<int> add_waiter(job_id job, std::shared_ptr<runtime::one_shot<int>> w);
