@@ -82,8 +82,9 @@ awaitable<result<int>> delivery::deliver(delivery_batch b) {
   std::vector<persistence::report_item> items;
   items.reserve(b.items.size());
   for (auto& i : b.items) items.push_back({i.inbox_id, i.from, std::move(i.body)});
-  session_msg::admit a{std::move(items), {}, !report};
-  auto admitted = co_await (*s)->ask(std::move(a));
+  inbox_msg::admit a{std::move(items), !report, {}};
+  auto box = (*s)->inbox();
+  auto admitted = co_await box->ask(std::move(a));
   if (!admitted && admitted.error().code == errc::not_found)
     co_return co_await drop(b, admitted.error().message);
   if (!admitted) co_return admitted.error();
@@ -97,7 +98,7 @@ awaitable<result<int>> delivery::deliver(delivery_batch b) {
     if (std::find(admitted->begin(), admitted->end(), true) != admitted->end())
       TETHER_CRASH_POINT("report.admit.after_commit");
     if (b.handed_over) b.handed_over();
-    host_.wake(**s, wake_scope::steer, true);
+    host_.hand_over(**s, wake_scope::steer, false);
     TETHER_CRASH_POINT("report.wake.after_tell");
     co_return handed;
   }
@@ -115,10 +116,10 @@ awaitable<result<int>> delivery::deliver(delivery_batch b) {
       if (!acked) co_return acked.error();
     }
     TETHER_CRASH_POINT("delivery.ack.after_commit");
-    host_.wake(**s, wake_scope::steer, true, true);
+    host_.hand_over(**s, wake_scope::steer, true);
   } else {
     // Prompted: acknowledged when the session's drain takes it.
-    host_.wake(**s, wake_scope::input, true, true);
+    host_.hand_over(**s, wake_scope::input, true);
   }
   co_return handed;
 }

@@ -8,8 +8,8 @@
 //   2. owner: the owner's session is loaded; gone (or of another tenant than
 //      the receipt's scope) means nobody is owed it any more, and the receipt
 //      is dropped;
-//   3. admit: the owner's inbox admits it under its inbox id, dropping a
-//      repeat (so at-least-once delivery is seen once);
+//   3. admit: the owner's inbox actor (actors/inbox.hpp) admits it under its
+//      inbox id, dropping a repeat (so at-least-once delivery is seen once);
 //   4. acknowledge, by how the owner reads it:
 //      - a report is read from the parent's inbox, which is durable and is
 //        acknowledged by the drain that takes it: its receipt is acknowledged
@@ -23,9 +23,12 @@
 //        acknowledges it. During recovery nobody is woken
 //        [recover.handover.after_admit]: boot's phases resume each session.
 //
+// The steer or the wake goes through the same inbox actor, which tells its
+// session.
+//
 // No state of its own: the calls may run on any executor, and the sessions
-// and stores it uses are reached by message (the session's admit) or through
-// the single writer.
+// and stores it uses are reached by message (the inbox's admit and hand-over)
+// or through the single writer.
 #include <boost/asio/awaitable.hpp>
 #include <functional>
 #include <optional>

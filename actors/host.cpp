@@ -103,6 +103,11 @@ void host::wake(session& s, wake_scope scope, bool report, bool admitted_here) {
   if (!s.tell(session_msg::wake{scope, report, true, admitted_here})) activity(-1);
 }
 
+void host::hand_over(session& s, wake_scope scope, bool admitted_here) {
+  activity(+1);
+  if (!s.inbox()->tell(inbox_msg::hand_over{scope, admitted_here})) activity(-1);
+}
+
 awaitable<void> host::wait_quiescent(bool jobs) {
   auto w = runtime::one_shot<int>::make();
   {
@@ -155,7 +160,12 @@ result<std::shared_ptr<session>> host::adopt(const session_id& s,
   auto it = sessions_.find(s);
   if (it != sessions_.end()) return it->second;
   auto a = opts_.agents->make(**row);
-  auto ptr = std::make_shared<session>(pool_->next(), *this, **row, std::move(a));
+  // A session and its inbox share one executor; the inbox learns its
+  // session by its first message.
+  auto ex = pool_->next();
+  auto box = std::make_shared<inbox>(ex, *this, s);
+  auto ptr = std::make_shared<session>(ex, *this, **row, std::move(a), box);
+  box->tell(inbox_msg::attach{ptr});
   sessions_.emplace(s, ptr);
   auto& info = directory_[s];
   info.parent = (*row)->parent;
@@ -778,7 +788,10 @@ void host::shutdown() {
       if (s->tell(std::move(m))) acks.push_back(st);
     }
     for (auto& a : acks) co_await a->async_wait(asio::use_awaitable);
-    for (auto& s : all) co_await s->stop();
+    for (auto& s : all) {
+      co_await s->inbox()->stop();
+      co_await s->stop();
+    }
   };
   if (!all.empty()) {
     try {

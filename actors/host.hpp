@@ -192,6 +192,9 @@ class host {
   /// `admitted_here`: the report went through the session's admit, so a wake
   /// that finds it already drained is dropped instead of opening an empty period.
   void wake(session& s, wake_scope scope, bool report, bool admitted_here = false);
+  /// Asks `s`'s inbox actor to steer or wake it for what it admitted;
+  /// counted as activity like wake().
+  void hand_over(session& s, wake_scope scope, bool admitted_here);
   bool shutting_down() const { return shutting_down_.load(); }
   void warn(const std::string& w);
 

@@ -272,11 +272,13 @@ class session::context : public agent_context {
   int shells_ = 0;  // start_shell calls in this busy period, for their keys
 };
 
-session::session(runtime::executor ex, host& h, session_row row, std::shared_ptr<agent> a)
+session::session(runtime::executor ex, host& h, session_row row, std::shared_ptr<agent> a,
+                 std::shared_ptr<actors::inbox> box)
     : actor(ex, runtime::actor_options{"session " + row.id.str()}),
       host_(h),
       id_(row.id),
       tenant_(row.tenant),
+      inbox_(std::move(box)),
       row_(std::move(row)),
       agent_(std::move(a)) {}
 
@@ -296,23 +298,11 @@ awaitable<void> session::handle(session_message& m) {
     auto seq = co_await host_.store().append(id(), "user", in->kind, "completed", in->text);
     if (seq) this->ring(in->kind == "steer" ? wake_scope::steer : wake_scope::input);
     in->reply.send(std::move(seq));
-  } else if (auto* a = std::get_if<admit>(&m)) {
-    // Queue the write now (the writer keeps arrival order) and answer after
-    // its COMMIT without holding the mailbox: admits from many children then
-    // share one transaction.
-    std::vector<notification_id> nids;
-    for (auto& i : a->items) nids.push_back(i.nid);
-    auto st = host_.store().admit_submit(id(), std::move(a->items), !a->receipts);
-    auto ex = get_executor();
-    auto task =
-        finish_admit(shared_from_this(), st, std::move(nids), std::move(a->reply), a->receipts);
-    auto on_end = [self = shared_from_this()](std::exception_ptr e) {
-      // The ask was failed by its reply_to's destructor; say why.
-      if (e)
-        self->host_.warn("session " + self->id().str() + ": finishing an admit failed: " +
-                         runtime::detail::describe(e) + "; its asker was told it failed");
-    };
-    asio::co_spawn(ex, std::move(task), asio::bind_executor(ex, std::move(on_end)));
+  } else if (auto* ad = std::get_if<admitted>(&m)) {
+    inbox_dirty_ = true;
+    if (ad->receipts) receipt_admitted_ = true;
+  } else if (std::holds_alternative<jobs_changed>(m)) {
+    release_withhold();
   } else if (auto* b = std::get_if<bind_job>(&m)) {
     // A follow-up may have changed the link's notify setting.
     if (b->notify) row_.notify = *b->notify;
@@ -453,20 +443,6 @@ awaitable<void> session::handle(session_message& m) {
     }
     sd->reply.send();
   }
-}
-
-awaitable<void> session::finish_admit(
-    std::shared_ptr<session> self, std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> st,
-    std::vector<notification_id> nids, reply_to<std::vector<bool>> reply, bool receipts) {
-  auto r = co_await st->async_wait(asio::use_awaitable);
-  if (r) {
-    self->inbox_dirty_ = true;
-    if (receipts) self->receipt_admitted_ = true;
-    if (auto* o = self->host_.observer())
-      for (std::size_t i = 0; i < nids.size(); ++i)
-        if ((*r)[i]) o->admitted(self->id(), nids[i]);
-  }
-  reply.send(std::move(r));
 }
 
 void session::ring(wake_scope s) {
@@ -655,8 +631,14 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
       withhold_ = runtime::one_shot<int>::make();
       auto w = withhold_;
       if (!joining) {
+        // Through the mailbox, behind the `admitted` of any receipt the
+        // change followed (actors/inbox.hpp, Order).
         auto changed = q.revision_after(seen);
-        auto release = [w](std::uint64_t) { w->set(0); };
+        std::weak_ptr<session> weak = shared_from_this();
+        auto release = [w, weak](std::uint64_t) {
+          auto s = weak.lock();
+          if (!s || !s->tell(session_msg::jobs_changed{})) w->set(0);
+        };
         changed->async_wait(asio::bind_executor(get_executor(), std::move(release)));
       }
       co_await w->async_wait(asio::use_awaitable);

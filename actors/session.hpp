@@ -18,6 +18,7 @@
 #include <variant>
 
 #include "tether/actors/agent.hpp"
+#include "tether/actors/inbox.hpp"
 #include "tether/persistence/task_store.hpp"
 #include "tether/protocol/report.hpp"
 #include "tether/runtime/actor.hpp"
@@ -53,8 +54,8 @@ struct wake {
   wake_scope scope = wake_scope::input;
   bool report = false;   // a report or notice was admitted: not woken while a revert is staged
   bool counted = false;  // host::wake counted it as activity until it is handled
-  // The report was admitted through this actor's admit (so inbox_dirty_ knows
-  // of it): if a drain already took it, the wake has nothing left to bring.
+  // The report was admitted through this session's inbox actor (so
+  // inbox_dirty_ knows of it): if a drain already took it, the wake has nothing left to bring.
   bool admitted_here = false;
 };
 struct input {
@@ -62,11 +63,14 @@ struct input {
   std::string text;
   reply_to<std::int64_t> reply;
 };
-struct admit {
-  std::vector<persistence::report_item> items;
-  reply_to<std::vector<bool>> reply;
+/// Its inbox (actors/inbox.hpp) admitted something: a drain has it to take.
+struct admitted {
   bool receipts = false;  // job receipts: the owning turn drains them before it settles
 };
+/// The job queue's set of live jobs changed: a withholding turn looks again.
+/// A message, not a direct signal, so it is handled after every `admitted`
+/// its jobs' receipts sent first.
+struct jobs_changed {};
 struct bind_job {
   job_binding job;
   // The link's notify setting after the spawn that sent this (its sender
@@ -113,19 +117,23 @@ struct shutdown {
 }  // namespace session_msg
 
 using session_message =
-    std::variant<session_msg::wake, session_msg::input, session_msg::admit, session_msg::bind_job,
-                 session_msg::join_live, session_msg::joined_input, session_msg::to_background,
-                 session_msg::interrupt, session_msg::set_revert, session_msg::set_job_policy,
-                 session_msg::wait_idle, session_msg::shutdown>;
+    std::variant<session_msg::wake, session_msg::input, session_msg::admitted,
+                 session_msg::jobs_changed, session_msg::bind_job, session_msg::join_live,
+                 session_msg::joined_input, session_msg::to_background, session_msg::interrupt,
+                 session_msg::set_revert, session_msg::set_job_policy, session_msg::wait_idle,
+                 session_msg::shutdown>;
 
 class session : public runtime::actor<session, session_message> {
  public:
-  session(runtime::executor ex, host& h, session_row row, std::shared_ptr<agent> a);
+  session(runtime::executor ex, host& h, session_row row, std::shared_ptr<agent> a,
+          std::shared_ptr<actors::inbox> box);
 
   /// Immutable from construction, so any thread may read them (the rest of
   /// the session's row is the actor's own state).
   const session_id& id() const { return id_; }
   const protocol::tenant_id& tenant() const { return tenant_; }
+  /// The session's inbox actor: reports and notices reach it only there.
+  const std::shared_ptr<actors::inbox>& inbox() const { return inbox_; }
 
   awaitable<void> handle(session_message& m);
 
@@ -151,14 +159,11 @@ class session : public runtime::actor<session, session_message> {
   /// Pauses before retry `attempt` of a write that must not be given up; a
   /// shutdown ends the pause at once (the caller rechecks stopping_).
   awaitable<void> pause_before_retry(int attempt);
-  static awaitable<void> finish_admit(
-      std::shared_ptr<session> self,
-      std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> st,
-      std::vector<notification_id> nids, reply_to<std::vector<bool>> reply, bool receipts);
 
   host& host_;
   const session_id id_;
   const protocol::tenant_id tenant_;
+  const std::shared_ptr<actors::inbox> inbox_;
   session_row row_;
   std::shared_ptr<agent> agent_;
   phase phase_ = phase::idle;

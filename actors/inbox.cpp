@@ -1,0 +1,62 @@
+#include "tether/actors/inbox.hpp"
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "tether/actors/host.hpp"
+#include "tether/actors/session.hpp"
+
+namespace tether::actors {
+
+inbox::inbox(runtime::executor ex, host& h, protocol::session_id owner)
+    : actor(ex, runtime::actor_options{"inbox " + owner.str()}), host_(h), owner_(std::move(owner)) {}
+
+awaitable<void> inbox::handle(inbox_message& m) {
+  if (auto* at = std::get_if<inbox_msg::attach>(&m)) {
+    session_ = std::move(at->owner);
+  } else if (auto* a = std::get_if<inbox_msg::admit>(&m)) {
+    // Queue the write now (the writer keeps arrival order) and answer after
+    // its COMMIT without holding the mailbox: admits from many children then
+    // share one transaction.
+    std::vector<protocol::notification_id> nids;
+    nids.reserve(a->items.size());
+    for (auto& i : a->items) nids.push_back(i.nid);
+    auto committed = host_.store().admit_submit(owner_, std::move(a->items), !a->receipts);
+    auto ex = get_executor();
+    auto task = finish_admit(shared_from_this(), std::move(committed), std::move(nids),
+                             std::move(a->reply), a->receipts);
+    auto on_end = [self = shared_from_this()](std::exception_ptr e) {
+      // The ask was failed by its reply_to's destructor; say why.
+      if (e)
+        self->host_.warn("inbox of session " + self->owner_.str() +
+                         ": finishing an admit failed: " + runtime::detail::describe(e) +
+                         "; its asker was told it failed");
+    };
+    asio::co_spawn(ex, std::move(task), asio::bind_executor(ex, std::move(on_end)));
+  } else if (auto* h = std::get_if<inbox_msg::hand_over>(&m)) {
+    auto s = session_.lock();
+    session_msg::wake w{h->scope, true, true, h->admitted_here};
+    // Gone (deleted, shut down): nobody is woken; the count is released here.
+    if (!s || !s->tell(std::move(w))) host_.activity(-1);
+  }
+  co_return;
+}
+
+awaitable<void> inbox::finish_admit(
+    std::shared_ptr<inbox> self,
+    std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> committed,
+    std::vector<protocol::notification_id> nids, runtime::reply_to<std::vector<bool>> reply,
+    bool receipts) {
+  auto r = co_await committed->async_wait(asio::use_awaitable);
+  if (r) {
+    // The session first (see the header's Order), then the asker.
+    if (auto s = self->session_.lock()) (void)s->tell(session_msg::admitted{receipts});
+    if (auto* o = self->host_.observer())
+      for (std::size_t i = 0; i < nids.size(); ++i)
+        if ((*r)[i]) o->admitted(self->owner_, nids[i]);
+  }
+  reply.send(std::move(r));
+}
+
+}  // namespace tether::actors

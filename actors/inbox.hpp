@@ -1,0 +1,81 @@
+#pragma once
+// The inbox actor: one per session, the only way a report or a notice
+// reaches that session.
+//
+// It admits what the delivery path hands it (actors/delivery.hpp) into the
+// session's durable inbox under its inbox id, through the single writer; a
+// repeat of an id already admitted is dropped there, so at-least-once
+// delivery is seen once. It then tells its session what was admitted, and,
+// when the delivery path asks it to, steers the running turn or wakes the
+// idle session.
+//
+// Order: the session learns of an admit (`session_msg::admitted`) before the
+// admit's asker is answered. Whatever the asker does next (a job leaving the
+// live set, a wake) therefore reaches the session's mailbox after it, and a
+// turn that withholds its completion for its jobs sees their receipts before
+// it can settle.
+//
+// Threads: pinned to its session's executor. Its state is the session it
+// serves (a weak reference, told once by `attach`); it reads no other actor's
+// state. Admits do not hold the mailbox while their transaction commits, so
+// admits from many children share one group commit.
+#include <memory>
+#include <variant>
+#include <vector>
+
+#include "tether/actors/agent.hpp"
+#include "tether/persistence/task_store.hpp"
+#include "tether/runtime/actor.hpp"
+
+namespace tether::actors {
+
+class host;
+class session;
+
+namespace inbox_msg {
+/// The session this inbox serves; the first message of every inbox.
+struct attach {
+  std::weak_ptr<session> owner;
+};
+/// Admits `items` under their inbox ids; the reply says, per item, whether it
+/// was new (false: a repeat, dropped).
+struct admit {
+  std::vector<persistence::report_item> items;
+  /// Job receipts (notices): the owning turn drains them before it settles.
+  /// Reports: their tasks' terminal receipts are acknowledged in the admit's
+  /// own transaction.
+  bool receipts = false;
+  runtime::reply_to<std::vector<bool>> reply;
+};
+/// Steers the running turn (`steer`) or wakes the idle session with a prompt
+/// (`input`) to read what was admitted. The host counted it as activity; the
+/// session releases the count when it handles the wake.
+struct hand_over {
+  wake_scope scope = wake_scope::steer;
+  /// The wake is dropped if a drain already took what this inbox admitted.
+  bool admitted_here = false;
+};
+}  // namespace inbox_msg
+
+using inbox_message = std::variant<inbox_msg::attach, inbox_msg::admit, inbox_msg::hand_over>;
+
+class inbox : public runtime::actor<inbox, inbox_message> {
+ public:
+  inbox(runtime::executor ex, host& h, protocol::session_id owner);
+
+  awaitable<void> handle(inbox_message& m);
+
+ private:
+  /// After the admit's commit: tells the session, then answers the asker.
+  static awaitable<void> finish_admit(
+      std::shared_ptr<inbox> self,
+      std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> committed,
+      std::vector<protocol::notification_id> nids, runtime::reply_to<std::vector<bool>> reply,
+      bool receipts);
+
+  host& host_;
+  const protocol::session_id owner_;
+  std::weak_ptr<session> session_;
+};
+
+}  // namespace tether::actors

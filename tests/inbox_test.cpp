@@ -1,0 +1,76 @@
+// The inbox actor (actors/inbox.hpp): one per session, it admits under the
+// inbox id (a repeat is dropped), tells its session before it answers the
+// asker, and steers or wakes its session when asked.
+#include <catch2/catch.hpp>
+
+#include "catch_result.hpp"
+#include "report_support.hpp"
+
+using namespace tether;
+using namespace tether::test;
+
+namespace {
+
+int count_in_transcript(report_fixture& f, const std::string& s, const std::string& text) {
+  auto msgs = f.host->store().messages(session_id(s));
+  REQUIRE(msgs);
+  int n = 0;
+  for (auto& m : *msgs) n += m.text.find(text) != std::string::npos;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("an inbox admits a repeated id once and its session learns of the admit before the asker",
+          "[inbox]") {
+  report_fixture f("inbox_order");
+  auto s = f.sync(f.host->create_session("owner", session_id("s")));
+  REQUIRE(s);
+  REQUIRE(f.sync(f.host->prompt(*s, "hello")));
+  REQUIRE(f.sync(f.host->wait_idle(*s)));  // its drain took the (empty) inbox
+  auto actor = f.host->get(*s);
+  REQUIRE(actor);
+  auto box = (*actor)->inbox();
+
+  auto admit = [&] {
+    std::vector<persistence::report_item> items{
+        {protocol::notification_id("note_1"), std::nullopt, "the build finished"}};
+    actors::inbox_msg::admit a{std::move(items), true, {}};
+    return f.sync(box->ask(std::move(a)));
+  };
+  auto first = admit();
+  REQUIRE(first);
+  CHECK(*first == std::vector<bool>{true});
+  auto repeat = admit();
+  REQUIRE(repeat);
+  CHECK(*repeat == std::vector<bool>{false});  // dropped by its id
+
+  // A wake that finds nothing admitted since the last drain is dropped as
+  // stale. This one is told after the admit was answered, so it must find
+  // the admit already known to the session and open a busy period.
+  actors::session_msg::wake w{actors::wake_scope::steer, true, false, true};
+  REQUIRE((*actor)->tell(std::move(w)));
+  REQUIRE(f.sync(f.host->wait_idle(*s)));
+  CHECK(count_in_transcript(f, "s", "the build finished") == 1);
+  auto inbox = f.inbox("s");
+  REQUIRE(inbox.size() == 1);
+  CHECK(inbox[0].acked);
+}
+
+TEST_CASE("an inbox hands a notice over by waking its idle session", "[inbox]") {
+  report_fixture f("inbox_wake");
+  auto s = f.sync(f.host->create_session("owner", session_id("s")));
+  REQUIRE(s);
+  auto actor = f.host->get(*s);
+  REQUIRE(actor);
+  std::vector<persistence::report_item> items{
+      {protocol::notification_id("note_2"), std::nullopt, "tests passed"}};
+  actors::inbox_msg::admit a{std::move(items), true, {}};
+  REQUIRE(f.sync((*actor)->inbox()->ask(std::move(a))));
+  f.host->hand_over(**actor, actors::wake_scope::input, true);
+  f.quiet();  // the hand-over counts as activity until the session handled it
+  CHECK(count_in_transcript(f, "s", "tests passed") == 1);
+  auto inbox = f.inbox("s");
+  REQUIRE(inbox.size() == 1);
+  CHECK(inbox[0].acked);
+}
