@@ -16,11 +16,6 @@
 
 namespace tether::actors {
 
-namespace {
-// A still-running label's bound (the sandbox's command preview is as long).
-constexpr std::size_t k_label_bytes = 200;
-}  // namespace
-
 using persistence::job_row;
 using persistence::job_status;
 
@@ -59,7 +54,8 @@ result<std::unique_ptr<host>> host::open(host_options opts) {
 host::host(host_options opts)
     : opts_(std::move(opts)),
       pool_(std::make_unique<runtime::executor_pool>(opts_.threads)),
-      label_scrub_(protocol::scrub_rules::from_env(sandbox::current_environment())) {}
+      directory_(
+          protocol::scrubber(protocol::scrub_rules::from_env(sandbox::current_environment()))) {}
 
 host::~host() {
   shutdown();
@@ -82,20 +78,7 @@ std::int64_t host::next_generation() {
 }
 
 void host::activity(int delta, bool job) {
-  std::vector<std::shared_ptr<runtime::one_shot<int>>> ready;
-  {
-    std::lock_guard lk(activity_m_);
-    (job ? jobs_active_ : active_) += delta;
-    for (auto it = quiescent_waiters_.begin(); it != quiescent_waiters_.end();) {
-      if (active_ == 0 && (!it->jobs || jobs_active_ == 0)) {
-        ready.push_back(it->done);
-        it = quiescent_waiters_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (auto& w : ready) w->set(0);
+  quiet_.add(delta, job);
 }
 
 void host::wake(session& s, wake_scope scope, bool report, bool admitted_here) {
@@ -109,13 +92,7 @@ void host::hand_over(session& s, wake_scope scope, bool admitted_here) {
 }
 
 awaitable<void> host::wait_quiescent(bool jobs) {
-  auto w = runtime::one_shot<int>::make();
-  {
-    std::lock_guard lk(activity_m_);
-    if (active_ == 0 && (!jobs || jobs_active_ == 0)) co_return;
-    quiescent_waiters_.push_back({w, jobs});
-  }
-  co_await w->async_wait(asio::use_awaitable);
+  co_await quiet_.wait(jobs);
 }
 
 namespace {
@@ -167,20 +144,12 @@ result<std::shared_ptr<session>> host::adopt(const session_id& s,
   auto ptr = std::make_shared<session>(ex, *this, **row, std::move(a), box);
   box->tell(inbox_msg::attach{ptr});
   sessions_.emplace(s, ptr);
-  auto& info = directory_[s];
-  info.parent = (*row)->parent;
-  info.agent = (*row)->agent;
-  info.description = (*row)->description;
-  if (info.parent) {
-    directory_[*info.parent].children.insert(s);
-  }
+  directory_.add(s, (*row)->parent, (*row)->agent, (*row)->description);
   return ptr;
 }
 
 bool host::is_busy(const session_id& s) {
-  std::lock_guard lk(m_);
-  auto it = directory_.find(s);
-  return it != directory_.end() && it->second.busy;
+  return directory_.is_busy(s);
 }
 
 result<owner_scope> host::scope_of(const session_id& s) {
@@ -210,45 +179,20 @@ awaitable<result<void>> host::set_job_policy(session_id s, bool notify, std::str
 }
 
 void host::note_phase(const session_id& s, bool busy, bool settling, bool foreground) {
-  std::lock_guard lk(m_);
-  auto& i = directory_[s];
-  i.busy = busy;
-  i.settling = settling;
-  i.foreground = foreground;
+  directory_.phase(s, busy, settling, foreground);
 }
 
 void host::note_child(const session_id& parent, const session_id& child) {
-  std::lock_guard lk(m_);
-  directory_[parent].children.insert(child);
-  directory_[child].parent = parent;
+  directory_.add_child(parent, child);
 }
 
 std::vector<protocol::running_item> host::outstanding(const session_id& s) {
-  std::vector<protocol::running_item> jobs, subagents;
-  std::lock_guard lk(m_);
-  std::set<session_id> under;
-  std::vector<session_id> stack{s};
-  while (!stack.empty()) {
-    auto cur = stack.back();
-    stack.pop_back();
-    if (!under.insert(cur).second) continue;
-    auto it = directory_.find(cur);
-    if (it == directory_.end()) continue;
-    for (auto& c : it->second.children) {
-      auto ci = directory_.find(c);
-      // Settling, cancelled or foreground-blocking descendants are not listed.
-      if (ci != directory_.end() && ci->second.busy && !ci->second.settling &&
-          !ci->second.foreground)
-        subagents.push_back(
-            {"subagent", ci->second.agent + ", sessionID: " + c.str(),
-             protocol::make_preview(label_scrub_.scrub(ci->second.description), k_label_bytes)
-                 .text});
-      stack.push_back(c);
-    }
-  }
-  for (auto& u : under)
+  auto under = directory_.running_under(s);
+  std::vector<protocol::running_item> jobs;
+  for (auto& u : under.sessions)
     for (auto& j : jobs_->running(u)) jobs.push_back(std::move(j));
-  jobs.insert(jobs.end(), subagents.begin(), subagents.end());
+  jobs.insert(jobs.end(), std::make_move_iterator(under.subagents.begin()),
+              std::make_move_iterator(under.subagents.end()));
   return jobs;
 }
 
@@ -333,13 +277,7 @@ awaitable<result<host::deleted>> host::delete_session(session_id s) {
   auto forget = [this, &s] {
     std::lock_guard lk(m_);
     sessions_.erase(s);
-    if (auto it = directory_.find(s); it != directory_.end()) {
-      if (it->second.parent) {
-        if (auto p = directory_.find(*it->second.parent); p != directory_.end())
-          p->second.children.erase(s);
-      }
-      directory_.erase(it);
-    }
+    directory_.remove(s);
     deleting_.erase(s);
   };
   deleted out;
@@ -536,16 +474,7 @@ awaitable<result<boot_report>> host::boot() {
   // here: boot never reads a session actor's state.
   std::map<session_id, bool> link_delivers;
   for (auto& s : *sessions) link_delivers[s.id] = s.parent && s.notify.value_or(true);
-  for (auto& s : *sessions) {
-    std::lock_guard lk(m_);
-    auto& i = directory_[s.id];
-    i.parent = s.parent;
-    i.agent = s.agent;
-    i.description = s.description;
-    if (s.parent) {
-      directory_[*s.parent].children.insert(s.id);
-    }
-  }
+  for (auto& s : *sessions) directory_.add(s.id, s.parent, s.agent, s.description);
 
   // Phase 1: deliver terminal rows as they are; count this boot against the
   // resume budget of each child with running rows, once per child however
@@ -742,12 +671,7 @@ awaitable<result<int>> host::expire_tasks() {
 }
 
 void host::shutdown() {
-  {
-    std::lock_guard lk(activity_m_);
-    if (shut_) return;
-    shut_ = true;
-  }
-  shutting_down_ = true;
+  if (shutting_down_.exchange(true)) return;  // once; a second call returns at once
   // The retention sweep first: its timer is cancelled on its executor, and a
   // sweep already running finishes while the writer still answers it.
   {

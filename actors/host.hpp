@@ -1,7 +1,12 @@
 #pragma once
-// The host: owns the executors, the single writer, the session actors and the
-// job queue (every background shell is an owned job of it), boots from disk
-// in three phases, and delivers reports.
+// The host wires the runtime together and boots it: it owns the executors,
+// the single writer and the task store, the job queue (every background shell
+// is an owned job of it), the registry of session actors (each with its inbox
+// actor), the session directory (actors/directory.hpp) and the count of work
+// in flight (runtime/quiescence.hpp). Its calls forward to those actors by
+// message; its own state is the registry (which actor serves which session,
+// which ones are being deleted), under one mutex. Boot runs in the seed's
+// three phases.
 //
 // A report's path after its settle commit (crash points in brackets), by the
 // one delivery path (actors/delivery.hpp):
@@ -24,6 +29,7 @@
 
 #include "tether/actors/agent.hpp"
 #include "tether/actors/delivery.hpp"
+#include "tether/actors/directory.hpp"
 #include "tether/actors/job_queue.hpp"
 #include "tether/actors/session.hpp"
 #include "tether/persistence/task_store.hpp"
@@ -31,6 +37,7 @@
 #include "tether/protocol/scrub.hpp"
 #include "tether/runtime/executor_pool.hpp"
 #include "tether/runtime/gate.hpp"
+#include "tether/runtime/quiescence.hpp"
 #include "tether/runtime/sync_wait.hpp"
 
 namespace tether::actors {
@@ -219,16 +226,6 @@ class host {
   /// when shutdown cancels its timer.
   awaitable<void> retention_sweeps(runtime::gate::holder held);
 
-  struct session_info {
-    std::optional<session_id> parent;
-    std::string agent;
-    std::string description;
-    bool busy = false;
-    bool settling = false;
-    bool foreground = false;
-    std::set<session_id> children;
-  };
-
   host_options opts_;
   std::unique_ptr<runtime::executor_pool> pool_;
   std::unique_ptr<persistence::writer> writer_;
@@ -238,26 +235,16 @@ class host {
 
   std::mutex m_;
   std::map<session_id, std::shared_ptr<session>> sessions_;
-  bool closed_ = false;  // under m_: shutdown took its snapshot
-  std::map<session_id, session_info> directory_;
+  bool closed_ = false;            // under m_: shutdown took its snapshot
   std::set<session_id> deleting_;  // under m_: being deleted, not loadable
   std::atomic<std::int64_t> generation_{0};
-  /// Scrubs still-running labels (a subagent's description) with the rules
-  /// of the host's environment.
-  protocol::scrubber label_scrub_;
-
-  std::mutex activity_m_;
-  long active_ = 0;
-  long jobs_active_ = 0;
-  struct quiet_waiter {
-    std::shared_ptr<runtime::one_shot<int>> done;
-    bool jobs;
-  };
-  std::vector<quiet_waiter> quiescent_waiters_;
+  /// The session tree and phases as the sessions publish them; labels
+  /// scrubbed with the rules of the host's environment.
+  session_directory directory_;
+  runtime::quiescence quiet_;  // work in flight, for wait_quiescent
   std::atomic<bool> shutting_down_{false};
   runtime::gate sweeps_;                                    // the retention sweep in flight
   std::shared_ptr<boost::asio::steady_timer> sweep_timer_;  // on pool_->at(0)
-  bool shut_ = false;
 };
 
 }  // namespace tether::actors

@@ -10,7 +10,9 @@
 namespace tether::actors {
 
 inbox::inbox(runtime::executor ex, host& h, protocol::session_id owner)
-    : actor(ex, runtime::actor_options{"inbox " + owner.str()}), host_(h), owner_(std::move(owner)) {}
+    : actor(ex, runtime::actor_options{"inbox " + owner.str()}),
+      host_(h),
+      owner_(std::move(owner)) {}
 
 awaitable<void> inbox::handle(inbox_message& m) {
   if (auto* at = std::get_if<inbox_msg::attach>(&m)) {
