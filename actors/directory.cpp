@@ -64,8 +64,7 @@ session_directory::under session_directory::running_under(const protocol::sessio
     for (auto& c : it->second.children) {
       auto ci = entries_.find(c);
       // Settling, cancelled or foreground-blocking descendants are not listed.
-      if (ci != entries_.end() && ci->second.busy && !ci->second.settling &&
-          !ci->second.foreground)
+      if (ci != entries_.end() && ci->second.busy && !ci->second.settling && !ci->second.foreground)
         out.subagents.push_back(
             {"subagent", ci->second.agent + ", sessionID: " + c.str(),
              protocol::make_preview(labels_.scrub(ci->second.description), k_label_bytes).text});

@@ -289,6 +289,10 @@ awaitable<result<host::deleted>> host::delete_session(session_id s) {
                                                 cancelled.error().message};
   }
   out.jobs_cancelled = *cancelled;
+  // Its jobs are cancelled (durably) and its row is not yet deleted: a crash
+  // here leaves the session on disk, its jobs cancelled; deleting it again
+  // finishes the job.
+  TETHER_CRASH_POINT("delete.cancel.after_jobs");
   auto dropped = co_await store_->delete_session(s);
   forget();
   if (!dropped) co_return dropped.error();
@@ -300,7 +304,7 @@ awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
                                    std::shared_ptr<boot_report> rep,
                                    std::shared_ptr<std::mutex> m) {
   // Chunks go out together, spawned in order on this executor: each sends its
-  // admit before the next starts, and the parent's mailbox and the writer's
+  // admit before the next starts, and the parent's inbox mailbox and the writer's
   // queue keep that order, so the inbox order is the outbox order.
   constexpr std::size_t k_chunk = 512;
   // The parent's actor is loaded first (its row read off this executor), so

@@ -1,13 +1,14 @@
 // The session directory (actors/directory.hpp) and the count of work in
 // flight (runtime/quiescence.hpp): the two pieces of shared state the host
 // wires in, each with its own lock.
+#include "tether/actors/directory.hpp"
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_future.hpp>
 #include <catch2/catch.hpp>
 #include <chrono>
 
-#include "tether/actors/directory.hpp"
 #include "tether/runtime/quiescence.hpp"
 
 using namespace tether;
@@ -27,8 +28,8 @@ TEST_CASE("the still-running list names busy background descendants with scrubbe
   d.add(c, root, "explore", "foreground one");
   d.add_child(a, grand);
   d.phase(a, true, false, false);
-  d.phase(b, true, true, false);   // settling: not listed
-  d.phase(c, true, false, true);   // a foreground call: not listed
+  d.phase(b, true, true, false);  // settling: not listed
+  d.phase(c, true, false, true);  // a foreground call: not listed
   d.phase(grand, true, false, false);
 
   auto under = d.running_under(root);
