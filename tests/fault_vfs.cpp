@@ -26,7 +26,9 @@ struct state {
   std::FILE* log = nullptr;
   std::string trace_path;
 };
-state g;
+// Never destroyed: write_counts reads it from an atexit handler, which may
+// run after the static destructors of this library.
+state& g = *new state;
 
 struct file {
   sqlite3_file base;

@@ -34,8 +34,7 @@ void create_table(writer& w) {
   auto st = w.submit("create t", 0, [](SQLite::Database& db) {
     db.exec("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT NOT NULL)");
   });
-  asio::io_context io;
-  auto r = runtime::run_to_completion(io, st->async_wait(asio::use_awaitable));
+  auto r = test::run(st->async_wait(asio::use_awaitable));
   REQUIRE(r);
 }
 
@@ -190,8 +189,7 @@ TEST_CASE("a tether database reopens at the latest schema with WAL, FULL sync an
            db.execAndGet("PRAGMA synchronous").getString() + "/" +
            db.execAndGet("PRAGMA foreign_keys").getString();
   });
-  asio::io_context io;
-  auto r = runtime::run_to_completion(io, st->async_wait(asio::use_awaitable));
+  auto r = test::run(st->async_wait(asio::use_awaitable));
   REQUIRE(r);
   CHECK(*r == "wal/2/1");
   SQLite::Database ro(path, SQLite::OPEN_READONLY);

@@ -22,10 +22,14 @@ class scratch_dir {
   std::filesystem::path p_;
 };
 
-/// Drives `a` to completion on a private io_context.
+/// Drives `a` to completion on this thread's private io_context. It lives as
+/// long as the thread: a completion posted by another thread (the writer's)
+/// may still be inside the post, signalling the io_context, when run()
+/// returns, so the io_context must not be destroyed then (TSan: a race on its
+/// condition variable).
 template <class T>
 T run(boost::asio::awaitable<T> a) {
-  boost::asio::io_context io;
+  thread_local boost::asio::io_context io;
   return runtime::run_to_completion(io, std::move(a));
 }
 
