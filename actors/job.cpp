@@ -93,7 +93,7 @@ void job::spawn(runtime::gate::holder held, awaitable<void> work, std::string wh
   // The holder leaves the gate once the completion handler ran, after the
   // coroutine's frame is gone.
   auto ends = std::make_shared<runtime::gate::holder>(std::move(held));
-  auto self = std::static_pointer_cast<job>(shared_from_this());
+  auto self = shared_from_this();
   auto on_end = [self, ends, what = std::move(what)](std::exception_ptr e) {
     auto done = std::move(*ends);
     if (!e) return;
@@ -113,7 +113,7 @@ void job::spawn(runtime::gate::holder held, awaitable<void> work, std::string wh
 void job::on(job_msg::follow& m) {
   auto held = svc_->work.enter();
   if (!held || ended_) return;  // the queue stops: the next boot follows it
-  auto self = std::static_pointer_cast<job>(shared_from_this());
+  auto self = shared_from_this();
   spawn(std::move(held), run_follow(self, std::move(m.started)), "following it");
 }
 
@@ -167,7 +167,7 @@ void job::on(job_msg::cancel& m) {
     return;
   }
   cancel_requested_ = true;
-  auto self = std::static_pointer_cast<job>(shared_from_this());
+  auto self = shared_from_this();
   spawn(std::move(held), run_kill(self, std::move(m.reply)), "cancelling it");
 }
 
@@ -299,7 +299,7 @@ void job::spawn_finish(job_msg::finish f, reply_to<void> cancel, result<void> an
     if (cancel) cancel.fail(stopping_error(id_));
     return;
   }
-  auto self = std::static_pointer_cast<job>(shared_from_this());
+  auto self = shared_from_this();
   spawn(std::move(held), finish_then_answer(self, std::move(f), std::move(cancel), answer),
         "writing its end");
 }
