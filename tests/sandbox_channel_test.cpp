@@ -792,4 +792,7 @@ TEST_CASE(
   auto late = runtime::sync_wait(callers.at(0), ch->exec(command("true", cwd)));
   REQUIRE_FALSE(late);
   CHECK(late.error().code == errc::stopped);
+  // The executors stop before the routes' connections are destroyed on this thread.
+  callers.stop();
+  home.stop();
 }
