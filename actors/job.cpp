@@ -1,9 +1,11 @@
 #include "tether/actors/job.hpp"
 
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include "tether/actors/host.hpp"
-#include "tether/actors/job_queue.hpp"
+#include "tether/actors/sandbox_channel.hpp"
 #include "tether/runtime/crash_point.hpp"
 
 namespace tether::actors {
@@ -34,24 +36,51 @@ std::string unknown_notice(const job_id& job, const std::string& preview, const 
   return protocol::render_notice(c);
 }
 
-job::job(job_queue& q, persistence::owned_job row) : q_(q), row_(std::move(row)) {}
+namespace {
+
+job_msg::finish finish_of(owned_state terminal, std::optional<protocol::shell_completion> c,
+                          std::string body) {
+  job_msg::finish f;
+  f.terminal = terminal;
+  f.completion = std::move(c);
+  f.body = std::move(body);
+  return f;
+}
+
+job_msg::finish finish_of(const protocol::shell_completion& c) {
+  return finish_of(terminal_of(c), c, protocol::render_notice(c));
+}
+
+}  // namespace
+
+job::job(runtime::executor ex, std::shared_ptr<const job_services> svc, persistence::owned_job row,
+         bool resumed)
+    : actor(ex, runtime::actor_options{"job " + row.id.str()}),
+      svc_(std::move(svc)),
+      id_(row.id),
+      preview_(row.preview),
+      row_(std::move(row)),
+      resumed_(resumed) {}
+
+error job::stopping_error(const job_id& id) {
+  return error{errc::stopped, "the host is shutting down; job '" + id.str() +
+                                  "' was left as it is for the next boot to recover"};
+}
+
+awaitable<void> job::stop() {
+  job_msg::stopping s;
+  auto told = co_await ask(std::move(s));
+  (void)told;  // stopped already: the mailbox is closed
+  co_await actor::stop();
+}
+
+void job::handle(job_message& m) {
+  std::visit([this](auto& msg) { on(msg); }, m);
+}
 
 void job::changed() {
-  q_.job_changed(row_);
-}
-
-void job::mark_running() {
-  if (ended_) return;
-  row_.state = owned_state::running;
-  changed();
-}
-
-void job::add_waiter(std::shared_ptr<runtime::one_shot<int>> w) {
-  if (ended_) {
-    w->set(0);
-    return;
-  }
-  waiters_.push_back(std::move(w));
+  job_note::changed n{row_};
+  svc_->tell_queue(std::move(n));
 }
 
 void job::release_waiters() {
@@ -60,100 +89,234 @@ void job::release_waiters() {
   for (auto& w : ws) w->set(0);
 }
 
-void job::end() {
-  if (ended_) return;
-  ended_ = true;
-  auto self = shared_from_this();  // the queue's registry held the last reference
-  release_waiters();
-  q_.job_ended(row_.id);
+void job::spawn(runtime::gate::holder held, awaitable<void> work, std::string what) {
+  // The holder leaves the gate once the completion handler ran, after the
+  // coroutine's frame is gone.
+  auto ends = std::make_shared<runtime::gate::holder>(std::move(held));
+  auto self = shared_from_this();
+  auto on_end = [self, ends, what = std::move(what)](std::exception_ptr e) {
+    auto done = std::move(*ends);
+    if (!e) return;
+    self->svc_->h.warn("job " + self->id_.str() + ": " + what +
+                       " failed: " + runtime::detail::describe(e) +
+                       "; its live entry ended so no turn waits on it, and the job was left as "
+                       "it is on disk for the next boot to recover");
+    job_msg::end m;
+    (void)self->tell(std::move(m));
+  };
+  auto ex = get_executor();
+  asio::co_spawn(ex, std::move(work), asio::bind_executor(ex, std::move(on_end)));
 }
 
-awaitable<void> job::follow(std::shared_ptr<runtime::one_shot<int>> started,
-                            [[maybe_unused]] runtime::gate::holder held) {
+// ---- handlers ------------------------------------------------------------------------
+
+void job::on(job_msg::follow& m) {
+  auto held = svc_->work.enter();
+  if (!held || ended_) return;  // the queue stops: the next boot follows it
   auto self = shared_from_this();
-  auto id = row_.id;
-  // A failed connection is not a failed job: the channel's follow reconnects
-  // until the daemon answers; only its answer can make the job lost.
-  auto done = co_await q_.channel_->follow(id);
-  if (started) co_await started->async_wait(asio::use_awaitable);
+  spawn(std::move(held), run_follow(self, std::move(m.started)), "following it");
+}
+
+void job::on(job_msg::followed& m) {
+  auto& done = m.done;
   if (!done && !done.error().answered && done.error().code == errc::conflict) {
     // The daemon there is not the job's: its jobs are not attached to it,
     // and nothing is known about how this one ended.
-    q_.host_.warn("job " + id.str() + ": " + done.error().message +
-                  ". The job was not attached to it: it stays as it is on disk, its receipts "
-                  "pending, for the next boot to recover on its own sandbox generation (recovery "
-                  "refuses to boot until that generation answers); no turn waits on it now");
-    end();
-    co_return;
+    svc_->h.warn("job " + id_.str() + ": " + done.error().message +
+                 ". The job was not attached to it: it stays as it is on disk, its receipts "
+                 "pending, for the next boot to recover on its own sandbox generation (recovery "
+                 "refuses to boot until that generation answers); no turn waits on it now");
+    job_msg::end e;
+    on(e);
+    return;
   }
-  if (q_.opts_.trace) q_.opts_.trace(id, "completion");
-  if (q_.closing()) co_return;  // the next boot settles it
-  if (ended_) co_return;
+  if (stopping_ || ended_) return;  // stopping: the next boot settles it
   if (cancel_requested_) {
     // A completion during a cancel is the cancel's business: it is written
     // (as cancelled, or as this completion if the kill found the job ended).
     if (done) held_ = *done;
-    co_return;
+    return;
   }
   if (!done) {
-    auto notice = unknown_notice(id, row_.preview, done.error().message);
-    co_await finish(owned_state::lost, std::nullopt, std::move(notice));
-    co_return;
+    auto notice = unknown_notice(id_, preview_, done.error().message);
+    spawn_finish(finish_of(owned_state::lost, std::nullopt, std::move(notice)));
+    return;
   }
-  auto body = protocol::render_notice(*done);
-  auto terminal = terminal_of(*done);
-  co_await finish(terminal, std::move(*done), std::move(body));
+  spawn_finish(finish_of(*done));
 }
 
-awaitable<result<void>> job::cancel() {
-  auto self = shared_from_this();
-  auto id = row_.id;
-  if (cancel_requested_)
-    co_return error{errc::conflict, "job '" + id.str() + "' is being cancelled already"};
-  cancel_requested_ = true;
-  // On every way out: the cancel is over, and a completion held back
-  // meanwhile is handed back.
-  std::optional<protocol::shell_completion> held;
-  auto release = [this, &held] {
-    cancel_requested_ = false;
-    held = std::exchange(held_, std::nullopt);
-  };
-  auto opened = co_await q_.channel_->open();
-  if (!opened) {
-    release();
-    if (held) co_await finish(terminal_of(*held), *held, protocol::render_notice(*held));
-    co_return opened.error();
+void job::on(job_msg::cancel& m) {
+  if (ended_) {
+    // Its terminal receipt was handed over already (the caller reads it), or
+    // it was left for the next boot.
+    if (persistence::is_terminal(row_.state))
+      m.reply.send();
+    else
+      m.reply.fail(error{errc::conflict, "job '" + id_.str() +
+                                             "' is not followed by this host (the next boot "
+                                             "recovers it); it was not cancelled"});
+    return;
   }
-  auto killed = co_await q_.channel_->kill(id);
-  release();
+  if (cancel_requested_) {
+    m.reply.fail(error{errc::conflict, "job '" + id_.str() + "' is being cancelled already"});
+    return;
+  }
+  auto held = svc_->work.enter();
+  if (!held || stopping_) {
+    m.reply.fail(stopping_error(id_));
+    return;
+  }
+  cancel_requested_ = true;
+  auto self = shared_from_this();
+  spawn(std::move(held), run_kill(self, std::move(m.reply)), "cancelling it");
+}
+
+void job::on(job_msg::killed& m) {
+  // The cancel is over; a completion held back meanwhile is the cancel's to write.
+  cancel_requested_ = false;
+  auto held = std::exchange(held_, std::nullopt);
+  if (!m.opened) {
+    if (held)
+      spawn_finish(finish_of(*held), std::move(m.reply), m.opened.error());
+    else
+      m.reply.fail(m.opened.error());
+    return;
+  }
+  auto& killed = m.kill;
   if (!killed && killed.error().answered && killed.error().code == errc::not_found && !held) {
     // The daemon does not know the job: nothing of it runs there, and how
     // (or whether) it ran is unknown.
     auto why =
         "the sandbox does not know it (" + killed.error().message + "); whether it ran is unknown";
-    auto notice = unknown_notice(id, row_.preview, why);
-    co_await finish(owned_state::lost, std::nullopt, std::move(notice));
+    auto notice = unknown_notice(id_, preview_, why);
+    spawn_finish(finish_of(owned_state::lost, std::nullopt, std::move(notice)), std::move(m.reply));
   } else if (!killed) {
     // Not confirmed stopped: no cancelled receipt. A completion that came
     // meanwhile is written as what it is.
-    if (held) co_await finish(terminal_of(*held), *held, protocol::render_notice(*held));
-    co_return error{killed.error().code, "job '" + id.str() + "' was not confirmed stopped (" +
-                                             killed.error().message +
-                                             "); no cancelled receipt was written"};
+    error not_stopped{killed.error().code, "job '" + id_.str() + "' was not confirmed stopped (" +
+                                               killed.error().message +
+                                               "); no cancelled receipt was written"};
+    if (held)
+      spawn_finish(finish_of(*held), std::move(m.reply), not_stopped);
+    else
+      m.reply.fail(not_stopped);
   } else {
     TETHER_CRASH_POINT("delivery.cancel.after_kill");
     // The daemon's answer says how it ended: stopped by us, or already done.
-    auto terminal = terminal_of(*killed);
-    auto body = protocol::render_notice(*killed);
-    co_await finish(terminal, std::move(*killed), std::move(body));
+    spawn_finish(finish_of(*killed), std::move(m.reply));
   }
-  co_return result<void>{};
 }
 
-awaitable<bool> job::finish(owned_state terminal, std::optional<protocol::shell_completion> c,
-                            std::string body, bool wake_after) {
+void job::on(job_msg::finish& m) {
+  spawn_finish(std::move(m));
+}
+
+void job::on(job_msg::terminal_written& m) {
+  // Terminal on disk: no report lists it as still running any more (the
+  // turn its notice wakes settles before the entry ends), while the entry
+  // stays live, so a withholding turn waits, until the hand-over.
+  if (ended_) return;
+  row_.state = m.terminal;
+  changed();
+}
+
+void job::on(job_msg::await_resumed& m) {
+  if (resumed_ || stopping_) {
+    m.reply.send();
+    return;
+  }
+  svc_->handover_held();
+  holding_.push_back(std::move(m.reply));
+}
+
+void job::on(job_msg::sessions_resumed&) {
+  resumed_ = true;
+  for (auto& r : holding_) r.send();
+  holding_.clear();
+}
+
+void job::on(job_msg::mark_running&) {
+  if (ended_) return;
+  row_.state = owned_state::running;
+  changed();
+}
+
+void job::on(job_msg::add_waiter& m) {
+  if (ended_ || stopping_) {
+    m.waiter->set(0);
+    return;
+  }
+  waiters_.push_back(std::move(m.waiter));
+}
+
+void job::on(job_msg::end&) {
+  if (ended_) return;
+  ended_ = true;
+  // The queue forgets it before its waiters look again.
+  job_note::ended n{id_};
+  svc_->tell_queue(std::move(n));
+  release_waiters();
+}
+
+void job::on(job_msg::stopping& m) {
+  stopping_ = true;
+  release_waiters();
+  for (auto& r : holding_) r.send();  // a held hand-over gives up waiting
+  holding_.clear();
+  m.reply.send();
+}
+
+// ---- the job's coroutines ------------------------------------------------------------
+
+awaitable<void> job::run_follow(std::shared_ptr<job> self,
+                                std::shared_ptr<runtime::one_shot<int>> started) {
+  // A failed connection is not a failed job: the channel's follow reconnects
+  // until the daemon answers; only its answer can make the job lost.
+  auto done = co_await self->svc_->channel->follow(self->id_);
+  if (started) co_await started->async_wait(asio::use_awaitable);
+  // Here, not in the handler: a hook that throws ends this coroutine (and
+  // the job's live entry, with a warning), never the job's mailbox.
+  bool attached = done || done.error().answered || done.error().code != errc::conflict;
+  if (attached && self->svc_->trace) self->svc_->trace(self->id_, "completion");
+  job_msg::followed m{std::move(done)};
+  (void)self->tell(std::move(m));  // closed: the queue stopped, the next boot settles it
+}
+
+awaitable<void> job::run_kill(std::shared_ptr<job> self, reply_to<void> reply) {
+  auto& ch = *self->svc_->channel;
+  job_msg::killed m;
+  m.opened = co_await ch.open();
+  if (m.opened) m.kill = co_await ch.kill(self->id_);
+  m.reply = std::move(reply);
+  (void)self->tell(std::move(m));  // closed: the reply fails as dropped
+}
+
+void job::spawn_finish(job_msg::finish f, reply_to<void> cancel, result<void> answer) {
+  auto held = svc_->work.enter();
+  if (!held) {
+    // The queue stops: nothing is written now; the next boot settles it.
+    f.reply.send(false);
+    if (cancel) cancel.fail(stopping_error(id_));
+    return;
+  }
   auto self = shared_from_this();
-  auto id = row_.id;
+  spawn(std::move(held), finish_then_answer(self, std::move(f), std::move(cancel), answer),
+        "writing its end");
+}
+
+awaitable<void> job::finish_then_answer(std::shared_ptr<job> self, job_msg::finish f,
+                                        reply_to<void> cancel, result<void> answer) {
+  bool durable = co_await run_finish(self, f.terminal, std::move(f.completion), std::move(f.body),
+                                     f.wake_after);
+  f.reply.send(durable);
+  cancel.send(std::move(answer));
+}
+
+awaitable<bool> job::run_finish(std::shared_ptr<job> self, owned_state terminal,
+                                std::optional<protocol::shell_completion> c, std::string body,
+                                bool wake_after) {
+  auto& svc = *self->svc_;
+  auto id = self->id_;
   // The terminal transition is retried until it commits (or the queue
   // stops): a job whose receipt was never written would stay live for ever,
   // and a turn withholding its completion would wait on it for ever.
@@ -161,42 +324,35 @@ awaitable<bool> job::finish(owned_state terminal, std::optional<protocol::shell_
       "job " + id.str() + ": its " + std::string(persistence::to_string(terminal)) + " receipt";
   result<std::optional<receipt>> won = error{errc::failed, "not attempted"};
   for (int attempt = 0;; ++attempt) {
-    won = co_await q_.store_.finish(id, terminal, c, body);
+    won = co_await svc.store.finish(id, terminal, c, body);
     if (won) break;
-    if (!co_await q_.pauses_.pause(attempt)) {
-      q_.host_.warn(what + " was not written: " + won.error().message +
-                    "; the host is shutting down, so the job stays live on disk for the next "
-                    "boot to recover");
+    if (!co_await svc.pauses.pause(attempt)) {
+      svc.h.warn(what + " was not written: " + won.error().message +
+                 "; the host is shutting down, so the job stays live on disk for the next "
+                 "boot to recover");
       co_return false;
     }
-    q_.host_.warn(what + " was not written: " + won.error().message +
-                  "; the job stays live and "
-                  "the write is retried");
+    svc.h.warn(what + " was not written: " + won.error().message +
+               "; the job stays live and the write is retried");
   }
   // The first terminal transition won already: it ends the job's live entry
   // once its own receipt was handed over, not this one.
   if (!*won) co_return true;
-  if (!ended_) {
-    // Terminal on disk: no report lists it as still running any more (the
-    // turn its notice wakes settles before the entry ends), while the entry
-    // stays live, so a withholding turn waits, until the hand-over below.
-    row_.state = terminal;
-    changed();
-  }
+  job_msg::terminal_written tw{terminal};
+  (void)self->tell(std::move(tw));
   if (wake_after)
     TETHER_CRASH_POINT("delivery.terminal.after_commit");
   else
     TETHER_CRASH_POINT("recover.terminal.after_commit");  // ended (or lost) while the host was down
-  if (q_.opts_.trace) q_.opts_.trace(id, "terminal");
+  if (svc.trace) svc.trace(id, "terminal");
   if (wake_after) {
     // A job followed since recovery that ends during boot waits for boot's
     // phases: a wake now could start a session before its running subagent
-    // row was bound, and it would report under a fresh id.
-    auto resumed = q_.resumed_gate();
-    if (!resumed->ready()) {
-      q_.held_handover();
-      co_await resumed->async_wait(asio::use_awaitable);
-    }
+    // row was bound, and it would report under a fresh id. The job's
+    // handler answers once the queue told it they resumed (or it stops).
+    job_msg::await_resumed ar;
+    auto resumed = co_await self->ask(std::move(ar));
+    (void)resumed;  // failed: the mailbox stopped with the queue
   }
   // The hand-over is retried while the host runs: a receipt left pending
   // would otherwise wait for the next boot, and its turn with it. During
@@ -204,33 +360,35 @@ awaitable<bool> job::finish(owned_state terminal, std::optional<protocol::shell_
   // pending receipt through the one delivery path before any session resumes.
   auto r = std::move(**won);
   for (int attempt = 0; wake_after; ++attempt) {
-    auto delivered = co_await deliver(r, wake_after);
+    auto delivered = co_await deliver(self, r, wake_after);
     if (delivered) break;
-    if (!co_await q_.pauses_.pause(attempt)) {
-      q_.host_.warn(what + " was kept pending: " + delivered.error().message +
-                    "; the host is shutting down, so the next boot hands it over");
+    if (!co_await svc.pauses.pause(attempt)) {
+      svc.h.warn(what + " was kept pending: " + delivered.error().message +
+                 "; the host is shutting down, so the next boot hands it over");
       break;
     }
-    q_.host_.warn(what + " was not handed over: " + delivered.error().message +
-                  "; it stays pending and the hand-over is retried");
+    svc.h.warn(what + " was not handed over: " + delivered.error().message +
+               "; it stays pending and the hand-over is retried");
   }
-  co_await q_.channel_->expire_record(id);
+  co_await svc.channel->expire_record(id);
   // Handed over (or kept pending for the next boot): the turn may complete.
-  end();
+  job_msg::end e;
+  (void)self->tell(std::move(e));
   co_return true;
 }
 
-awaitable<result<bool>> job::deliver(receipt r, bool wake_after) {
+awaitable<result<bool>> job::deliver(std::shared_ptr<job> self, receipt r, bool wake_after) {
+  auto& svc = *self->svc_;
   // Counted as the queue's work in flight (wait_idle) until it returns.
-  q_.busy(+1);
+  svc.delivering(+1);
   struct done_guard {
-    job_queue* q;
-    ~done_guard() { q->busy(-1); }
-  } guard{&q_};
+    const job_services* s;
+    ~done_guard() { s->delivering(-1); }
+  } guard{&svc};
   auto id = r.job;
   auto b = notice_batch(std::move(r), !wake_after);
-  if (q_.opts_.trace) b.handed_over = [q = &q_, id] { q->opts_.trace(id, "handed_over"); };
-  auto handed = co_await q_.host_.delivery().deliver(std::move(b));
+  if (svc.trace) b.handed_over = [trace = svc.trace, id] { trace(id, "handed_over"); };
+  auto handed = co_await svc.h.delivery().deliver(std::move(b));
   if (!handed) co_return handed.error();
   co_return *handed > 0;
 }

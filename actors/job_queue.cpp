@@ -4,6 +4,7 @@
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <filesystem>
 #include <set>
@@ -48,9 +49,7 @@ job_queue::job_queue(runtime::executor ex, host& h, persistence::task_store& sto
       store_(store),
       opts_(std::move(opts)),
       pauses_(ex),
-      live_view_(std::make_shared<const live_map>()),
-      sessions_resumed_(runtime::one_shot<int>::make()) {
-  sessions_resumed_->set(0);  // no recovery: nothing to hold back
+      live_view_(std::make_shared<const live_map>()) {
   sandbox_channel_options c;
   c.sandbox_dir = opts_.sandbox_dir;
   c.start_daemon = opts_.start_daemon;
@@ -64,16 +63,23 @@ job_queue::job_queue(runtime::executor ex, host& h, persistence::task_store& sto
   };
   c.warn = [this](const std::string& w) { host_.warn(w); };
   c.trace = opts_.trace;
-  channel_ = std::make_unique<sandbox_channel>(ex_, std::move(c));
+  channel_ = std::make_shared<sandbox_channel>(ex_, std::move(c));
+  auto tell_queue = [this](job_note_t n) {
+    asio::post(ex_, [this, n = std::move(n)]() mutable { on_job_note(std::move(n)); });
+  };
+  services_ = std::make_shared<const job_services>(
+      job_services{store_, host_, channel_, pauses_, gate_, opts_.trace, std::move(tell_queue),
+                   [this](int delta) { busy(delta); }, [this] { held_handover(); }});
 }
 
 void job_queue::sessions_resumed() {
-  resumed_gate()->set(0);
-}
-
-std::shared_ptr<runtime::one_shot<int>> job_queue::resumed_gate() {
-  std::lock_guard lk(m_);
-  return sessions_resumed_;
+  asio::post(ex_, [this] {
+    resumed_ = true;
+    for (auto& [id, j] : jobs_) {
+      job_msg::sessions_resumed m;
+      (void)j->tell(std::move(m));
+    }
+  });
 }
 
 int job_queue::held_handovers() {
@@ -100,10 +106,13 @@ awaitable<void> job_queue::stop() {
   }
   auto drained = gate_.close();  // refuses new work now; awaited below
   for (auto& w : revs) w->set(rev);
-  resumed_gate()->set(0);  // a hand-over held for boot's phases gives up
   auto task = [](job_queue* q) -> awaitable<void> {
-    // Waiters resume and find the queue stopping; the jobs stay as they are.
-    for (auto& [id, j] : q->jobs_) j->release_waiters();
+    q->resumed_ = true;  // a job made from now on holds no hand-over
+    // Waiters resume and find the queue stopping, a hand-over held for boot's
+    // phases gives up; the jobs stay as they are.
+    std::vector<std::shared_ptr<job>> all;
+    for (auto& [id, j] : q->jobs_) all.push_back(j);
+    for (auto& j : all) co_await j->stop();
     q->pauses_.stop();  // a retry waiting to run gives up now
     co_await q->channel_->stop();
   };
@@ -168,10 +177,10 @@ awaitable<void> job_queue::wait_idle() {
   co_await w->async_wait(asio::use_awaitable);
 }
 
-std::shared_ptr<class job> job_queue::add_live(owned_job j) {
+std::shared_ptr<job> job_queue::add_live(owned_job j) {
   auto id = j.id;
   index_[id] = j;
-  auto jb = std::make_shared<class job>(*this, std::move(j));
+  auto jb = std::make_shared<job>(ex_, services_, std::move(j), resumed_);
   jobs_[id] = jb;
   publish_live();
   busy(+1);
@@ -179,19 +188,19 @@ std::shared_ptr<class job> job_queue::add_live(owned_job j) {
   return jb;
 }
 
-void job_queue::job_changed(const owned_job& row) {
-  auto it = index_.find(row.id);
-  if (it == index_.end()) return;
-  it->second = row;
-  publish_live();
-}
-
-void job_queue::job_ended(const job_id& id) {
-  if (!jobs_.erase(id)) return;
-  index_.erase(id);
-  publish_live();
-  bump();
-  busy(-1);
+void job_queue::on_job_note(job_note_t n) {
+  if (auto* c = std::get_if<job_note::changed>(&n)) {
+    auto it = index_.find(c->row.id);
+    if (it == index_.end()) return;
+    it->second = std::move(c->row);
+    publish_live();
+  } else if (auto* e = std::get_if<job_note::ended>(&n)) {
+    if (!jobs_.erase(e->id)) return;
+    index_.erase(e->id);
+    publish_live();
+    bump();
+    busy(-1);
+  }
 }
 
 void job_queue::publish_live() {
@@ -362,8 +371,11 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
     if (started.error().answered) {
       // The daemon refused it: nothing ran.
       auto why = "the command was not started: " + started.error().message;
-      auto notice = unknown_notice(id, j.preview, why);
-      co_await jb->finish(owned_state::failed, std::nullopt, std::move(notice));
+      job_msg::finish f;
+      f.terminal = owned_state::failed;
+      f.body = unknown_notice(id, j.preview, why);
+      auto written = co_await jb->ask(std::move(f));
+      (void)written;  // not durable: the job stays admitted for the next boot
     } else {
       // Not a transport failure (those are retried) and no answer: a reply
       // the route could not read. Whether it started is unknown, and only
@@ -371,7 +383,8 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
       // the next boot's read-only recovery, and no turn waits on it.
       host_.warn("job " + id.str() + ": its exec was not confirmed (" + started.error().message +
                  "); it stays admitted for the next boot to recover");
-      jb->end();
+      job_msg::end e;
+      (void)jb->tell(std::move(e));
     }
     co_return started.error();
   }
@@ -381,32 +394,18 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
   // ends quickly cannot outlive the daemon's grace unread. Its completion
   // waits for the started receipt, so the receipts keep their order.
   auto started_written = runtime::one_shot<int>::make();
-  spawn_follow(jb, started_written);
+  job_msg::follow follow{started_written};
+  (void)jb->tell(std::move(follow));
   auto run = co_await store_.mark_running(id);
   if (!run)
     host_.warn("job " + id.str() + ": its started receipt was not written: " + run.error().message);
-  if (run && *run) jb->mark_running();
+  if (run && *run) {
+    job_msg::mark_running m;
+    (void)jb->tell(std::move(m));
+  }
   TETHER_CRASH_POINT("delivery.started.after_commit");
   started_written->set(0);
   co_return id;
-}
-
-void job_queue::spawn_follow(std::shared_ptr<class job> jb,
-                             std::shared_ptr<runtime::one_shot<int>> started) {
-  // Two holders of the gate: the follow's own, and its completion handler's.
-  auto follows = gate_.enter();
-  if (!follows) return;
-  auto ends = std::make_shared<runtime::gate::holder>(gate_.enter());
-  auto on_end = [this, jb, ends](std::exception_ptr e) {
-    auto done = std::move(*ends);
-    if (!e) return;
-    host_.warn("job " + jb->id().str() + ": following it failed: " + runtime::detail::describe(e) +
-               "; its live entry ended so no turn waits on it, and the job was left as it is "
-               "on disk for the next boot to recover");
-    jb->end();
-  };
-  auto follow = jb->follow(std::move(started), std::move(follows));
-  asio::co_spawn(ex_, std::move(follow), asio::bind_executor(ex_, std::move(on_end)));
 }
 
 // ---- status, wait, cancel ------------------------------------------------------------------
@@ -444,7 +443,8 @@ awaitable<int> job_queue::add_waiter(job_id job, std::shared_ptr<runtime::one_sh
   if (closing()) co_return -1;
   auto it = jobs_.find(job);
   if (it == jobs_.end()) co_return 0;
-  it->second->add_waiter(std::move(w));
+  job_msg::add_waiter m{std::move(w)};
+  if (!it->second->tell(std::move(m))) co_return -1;  // its mailbox stopped with the queue
   co_return 1;
 }
 
@@ -479,7 +479,8 @@ awaitable<result<job_view>> job_queue::cancel_on(owner_scope caller, job_id job,
                                           "' is not followed by this host (the next boot "
                                           "recovers it); it was not cancelled"};
     auto jb = it->second;
-    auto cancelled = co_await jb->cancel();
+    job_msg::cancel m;
+    auto cancelled = co_await jb->ask(std::move(m));
     if (!cancelled) co_return cancelled.error();
     auto again = co_await owned(caller, job);
     if (!again) co_return again.error();
@@ -533,12 +534,9 @@ awaitable<result<recovery_report>> job_queue::recover() {
 awaitable<result<recovery_report>> job_queue::recover_on() {
   auto held = gate_.enter();
   if (!held) co_return error{errc::stopped, "the host is shutting down; nothing was done"};
-  {
-    // Until boot's phases have resumed the sessions (and bound their running
-    // subagent rows), no hand-over of this queue wakes anyone.
-    std::lock_guard lk(m_);
-    if (sessions_resumed_->ready()) sessions_resumed_ = runtime::one_shot<int>::make();
-  }
+  // Until boot's phases have resumed the sessions (and bound their running
+  // subagent rows), no hand-over of this queue wakes anyone.
+  resumed_ = false;
   recovery_report rep;
   auto refuse = [](const error& e) {
     return error{e.code, "refusing to boot: " + e.message + "; nothing was changed"};
@@ -646,9 +644,9 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   // Reattach: what ended while the host was down settles once; what runs is
   // followed again; what the daemon does not know is not run again. Their
   // receipts stay pending: boot's sweep resends every pending receipt.
-  std::vector<std::shared_ptr<class job>> follow;  // still running: followed again
-  std::vector<owned_job> followed;                 // their rows, as recovery read them
-  std::vector<job_id> settled;                     // ended while the host was down: expired below
+  std::vector<std::shared_ptr<job>> follow;  // still running: followed again
+  std::vector<owned_job> followed;           // their rows, as recovery read them
+  std::vector<job_id> settled;               // ended while the host was down: expired below
   for (auto& j : *live) {
     auto a = co_await ro->attach(j.id, 0);
     if (!a && a.error().answered && a.error().code == errc::not_found) {
@@ -657,17 +655,25 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
                             ? "the host stopped around its dispatch and the sandbox does not know "
                               "it; it was not run again, and whether it ran is unknown"
                             : "the sandbox no longer knows it; how it ended is unknown";
-      auto notice = unknown_notice(j.id, j.preview, why);
-      co_await jb->finish(owned_state::lost, std::nullopt, std::move(notice), false);
+      job_msg::finish f;
+      f.terminal = owned_state::lost;
+      f.body = unknown_notice(j.id, j.preview, why);
+      f.wake_after = false;
+      auto written = co_await jb->ask(std::move(f));
+      (void)written;  // not durable: the next boot recovers it again
       ++rep.lost;
       continue;
     }
     if (!a) co_return refuse_late("reattaching owned job '" + j.id.str() + "'", a.error());
     auto jb = add_live(j);
     if (a->done) {
-      auto body = protocol::render_notice(*a->done);
-      auto terminal = terminal_of(*a->done);
-      bool durable = co_await jb->finish(terminal, std::move(*a->done), std::move(body), false);
+      job_msg::finish f;
+      f.terminal = terminal_of(*a->done);
+      f.body = protocol::render_notice(*a->done);
+      f.completion = std::move(*a->done);
+      f.wake_after = false;
+      auto written = co_await jb->ask(std::move(f));
+      bool durable = written && *written;
       ++rep.finished_while_down;
       if (durable) settled.push_back(j.id);
       continue;
@@ -716,7 +722,8 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
                                      "' generation " + std::to_string(sb->second) +
                                      ", not the job's generation " +
                                      std::to_string(j.scope.generation)});
-      spawn_follow(follow[i], nullptr);
+      job_msg::follow m;
+      (void)follow[i]->tell(std::move(m));
       ++rep.reattached;
     }
   }

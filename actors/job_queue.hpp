@@ -34,18 +34,22 @@
 // exactly as for a job that does not exist.
 //
 // Threads: the queue's coroutines, its job actors and its sandbox channel
-// run on the queue's executor; public calls hop onto it. The registry (the
-// job actors by id, and their rows as their messages reported them) is
-// touched only there. Other threads (sessions asking turn_has_live_jobs,
-// running or stop_turn) read an immutable snapshot of the live jobs' rows,
-// republished on every change; the revision, the idle count and the held
-// hand-overs are counters under a mutex.
+// (an actor too) run on the queue's executor; public calls hop onto it. The
+// registry (the job actors by id, and their rows as their messages reported
+// them) is touched only there. The queue talks to a job only by message
+// (follow, cancel, finish, a waiter, sessions_resumed, stopping) and a job
+// tells the queue by posting a copy of its row (job_note). Other threads
+// (sessions asking turn_has_live_jobs, running or stop_turn) read an
+// immutable snapshot of the live jobs' rows, republished on every change;
+// the revision, the idle count and the held hand-overs are counters under a
+// mutex.
 #include <chrono>
 #include <map>
 #include <mutex>
 #include <set>
 #include <thread>
 
+#include "tether/actors/job.hpp"
 #include "tether/actors/sandbox_channel.hpp"
 #include "tether/persistence/task_store.hpp"
 #include "tether/protocol/report.hpp"
@@ -58,7 +62,6 @@
 namespace tether::actors {
 
 class host;
-class job;
 using persistence::owned_job;
 using persistence::owned_state;
 using protocol::owner_scope;
@@ -147,7 +150,7 @@ class job_queue {
   awaitable<result<int>> stop_thread(protocol::tenant_id tenant, protocol::session_id thread);
 
   /// Boot's phases have resumed the sessions: hand-overs held since
-  /// recover() go ahead. Any thread.
+  /// recover() go ahead (the queue tells each live job). Any thread.
   void sessions_resumed();
   /// How many hand-overs waited for sessions_resumed() (for boot's report).
   int held_handovers();
@@ -171,7 +174,8 @@ class job_queue {
   sandbox_channel& channel() { return *channel_; }
   sandbox_lease& lease() { return channel_->lease(); }
 
-  /// Refuses new work, stops the sandbox channel (its connections end) and
+  /// Refuses new work, stops each job actor (its waiters resume, a held
+  /// hand-over gives up), then the sandbox channel (its connections end), and
   /// waits until every coroutine of the queue and of its jobs has finished
   /// (its gate), so nothing of the queue is left on an executor. Jobs stay as
   /// they are on disk and in the daemon; the next boot recovers them. Run
@@ -179,8 +183,6 @@ class job_queue {
   awaitable<void> stop();
 
  private:
-  // The job actors reach the queue's services and send it their messages.
-  friend class job;
   using live_map = std::map<job_id, owned_job>;
 
   /// The channel's bind hook: refuses a generation older than the bound
@@ -195,9 +197,6 @@ class job_queue {
   awaitable<result<recovery_report>> recover_on();
   /// 1: `w` waits for the live job's end; 0: the job is not live here; -1: stopping.
   awaitable<int> add_waiter(job_id job, std::shared_ptr<runtime::one_shot<int>> w);
-  /// Spawns the job's follow as a coroutine of the queue (the gate counts it
-  /// until its completion handler ran); an exception is logged and ends the job.
-  void spawn_follow(std::shared_ptr<class job> jb, std::shared_ptr<runtime::one_shot<int>> started);
   /// Runs `task` on the queue's executor, shielded from the caller's cancellation.
   template <class T>
   awaitable<T> on_queue(awaitable<T> task);
@@ -209,30 +208,31 @@ class job_queue {
 
   // The registry, on the queue's executor.
   /// A job actor for a live job, registered.
-  std::shared_ptr<class job> add_live(owned_job j);
-  /// Message from a job actor: its row changed (running, or terminal on disk).
-  void job_changed(const owned_job& row);
-  /// Message from a job actor: it is no longer live (handed over, or left
-  /// for the next boot); the registry forgets it.
-  void job_ended(const job_id& id);
+  std::shared_ptr<job> add_live(owned_job j);
+  /// A job's message (posted onto the queue's executor): its row changed, or
+  /// it is no longer live and the registry forgets it.
+  void on_job_note(job_note_t n);
   void publish_live();
   std::shared_ptr<const live_map> live_view() const;
   void bump();
   void busy(int delta);
   /// A job's hand-over waits for sessions_resumed().
   void held_handover();
-  std::shared_ptr<runtime::one_shot<int>> resumed_gate();
 
   runtime::executor ex_;
   host& host_;
   persistence::task_store& store_;
   job_queue_options opts_;
-  std::unique_ptr<sandbox_channel> channel_;
+  std::shared_ptr<sandbox_channel> channel_;
 
-  runtime::gate gate_;            // every coroutine of the queue and of its jobs
-  runtime::retry_pauses pauses_;  // the jobs' retried writes and hand-overs
-  std::map<job_id, std::shared_ptr<class job>> jobs_;  // live jobs (executor only)
+  runtime::gate gate_;                            // every coroutine of the queue and of its jobs
+  runtime::retry_pauses pauses_;                  // the jobs' retried writes and hand-overs
+  std::shared_ptr<const job_services> services_;  // what each job is handed
+  std::map<job_id, std::shared_ptr<job>> jobs_;   // live jobs (executor only)
   live_map index_;  // their rows, as their messages reported them (executor only)
+  // Boot's phases resumed the sessions (executor only): a job made now is
+  // told so at construction, a live one by message when it changes.
+  bool resumed_ = true;
 
   mutable std::mutex m_;
   std::shared_ptr<const live_map> live_view_;  // index_'s latest immutable copy
@@ -242,7 +242,6 @@ class job_queue {
       revision_waiters_;
   std::vector<std::shared_ptr<runtime::one_shot<int>>> idle_waiters_;
   bool stopped_ = false;
-  std::shared_ptr<runtime::one_shot<int>> sessions_resumed_;  // set: hand-overs may wake
   int held_handovers_ = 0;
 };
 

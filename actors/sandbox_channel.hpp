@@ -15,14 +15,17 @@
 // another route because exec is idempotent by job id and kill, wait and
 // expire are idempotent.
 //
-// Serialised decisions, concurrent requests: the channel is pinned to one
-// (single-threaded) executor, and every public request hops onto it before
-// it touches the routing state (which route, the failures in a row, the
-// fallback, the lease, an opening or a reconnect in progress). The requests
-// themselves run concurrently there: a long wait does not hold up an exec or
-// a kill; only the decisions between their suspensions are serialised.
+// Mailbox: the channel is a runtime::actor pinned to one (single-threaded)
+// executor. Every public request is a message (an ask); the routing state
+// (which route, the failures in a row, the fallback, the lease, an opening in
+// progress, the stop) is touched only by its handlers. A request's handler
+// spawns the request as a coroutine of the channel (counted by its gate), so
+// requests run concurrently: a long wait does not hold up an exec or a kill.
+// A request asks the mailbox which route to take before each attempt and
+// reports each adapter outcome back (`pick`, `outcome`), so the count towards
+// the fallback and the fallback itself are decided one message at a time.
 // Readable from other threads: status(), sandbox() and the lease, each an
-// immutable snapshot (or an atomic) written only by the channel.
+// immutable snapshot (or an atomic) written only by the handlers.
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -31,6 +34,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "tether/actors/command_route.hpp"
@@ -41,6 +45,8 @@
 #include "tether/sandbox/daemon_process.hpp"
 
 namespace tether::actors {
+
+using runtime::reply_to;
 
 /// How long the platform keeps the sandbox. Only ever extended, by the
 /// channel, from a route's timeout; readable from any thread.
@@ -91,7 +97,101 @@ struct route_status {
   int failures_in_a_row = 0;
 };
 
-class sandbox_channel {
+/// The routes of one opening (defined in sandbox_channel.cpp): the adapter
+/// while it works, the platform after it failed max_failures times in a
+/// row. Replaced by a reconnect; its counters are the handlers' alone.
+struct channel_routes;
+
+/// Where a request's next attempt goes: the channel's answer to `pick` and `outcome`.
+struct route_choice {
+  enum class next { adapter, platform, done };
+  std::shared_ptr<channel_routes> rs;
+  next to = next::done;
+};
+
+namespace channel_msg {
+/// Opens the route unless one is open; concurrent callers share one opening.
+struct open {
+  reply_to<std::shared_ptr<channel_routes>> reply;
+};
+struct exec {
+  wire::exec_req req;
+  reply_to<wire::started_rep> reply;
+};
+struct wait {
+  job_id job;
+  reply_to<protocol::shell_completion> reply;
+};
+struct kill {
+  job_id job;
+  reply_to<protocol::shell_completion> reply;
+};
+struct expire {
+  job_id job;
+  reply_to<std::vector<job_id>> reply;
+};
+struct dispatch {
+  job_id job;
+  wire::exec_req req;
+  reply_to<wire::started_rep> reply;
+};
+struct follow {
+  job_id job;
+  reply_to<protocol::shell_completion> reply;
+};
+struct expire_record {
+  job_id job;
+  reply_to<void> reply;
+};
+struct drop_connections {
+  reply_to<void> reply;
+};
+/// stop()'s first step: no new request, the routes' connections end, every
+/// backoff ends, openers are told.
+struct stopping {
+  reply_to<void> reply;
+};
+// From the channel's own coroutines.
+/// An opening ended: its routes and the sandbox they answered as, or why not.
+struct opened {
+  result<std::shared_ptr<channel_routes>> routes = error{errc::failed, "not opened"};
+  protocol::sandbox_id sandbox;
+  std::uint64_t generation = 0;
+};
+/// The routes open now (null: none).
+struct current {
+  reply_to<std::shared_ptr<channel_routes>> reply;
+};
+/// Which route of `rs` (null: of the open routes) the next attempt takes;
+/// an adapter attempt extends the lease by the adapter's timeout.
+struct pick {
+  std::shared_ptr<channel_routes> rs;
+  reply_to<route_choice> reply;
+};
+/// How an adapter attempt on `rs` ended: an infrastructure failure counts
+/// towards the fallback, anything else ends the row. The answer: done, or
+/// where the request goes next.
+struct outcome {
+  std::shared_ptr<channel_routes> rs;
+  bool infrastructure_failure = false;
+  std::string what;
+  reply_to<route_choice> reply;
+};
+/// A request found `rs` failing: it is closed and forgotten if still open.
+struct retire {
+  std::shared_ptr<channel_routes> rs;
+  reply_to<void> reply;
+};
+}  // namespace channel_msg
+
+using channel_message =
+    std::variant<channel_msg::open, channel_msg::exec, channel_msg::wait, channel_msg::kill,
+                 channel_msg::expire, channel_msg::dispatch, channel_msg::follow,
+                 channel_msg::expire_record, channel_msg::drop_connections, channel_msg::stopping,
+                 channel_msg::opened, channel_msg::current, channel_msg::pick, channel_msg::outcome,
+                 channel_msg::retire>;
+
+class sandbox_channel : public runtime::actor<sandbox_channel, channel_message> {
  public:
   /// A channel that opens its routes itself, on first use.
   sandbox_channel(runtime::executor ex, sandbox_channel_options opts);
@@ -104,10 +204,8 @@ class sandbox_channel {
                   std::shared_ptr<sandbox_lease> lease,
                   std::function<void(const std::string&)> warn = {});
   ~sandbox_channel();
-  sandbox_channel(const sandbox_channel&) = delete;
-  sandbox_channel& operator=(const sandbox_channel&) = delete;
 
-  runtime::executor get_executor() const { return ex_; }
+  void handle(channel_message& m);
 
   /// Opens the route unless one is open. Concurrent callers share one opening.
   awaitable<result<void>> open();
@@ -147,61 +245,87 @@ class sandbox_channel {
   bool fell_back() const { return status().fell_back; }
   int failures_in_a_row() const { return status().failures_in_a_row; }
   /// The route requests take now.
-  std::string name() const { return status().route; }
+  std::string route_name() const { return status().route; }
   sandbox_lease& lease() { return *lease_; }
 
   /// Refuses new requests, ends the routes' connections and every backoff,
-  /// and resolves once every request of the channel has finished (its gate).
-  /// Idempotent.
+  /// resolves once every request of the channel has finished (its gate),
+  /// then stops the mailbox. Idempotent.
   awaitable<void> stop();
 
  private:
-  // The routes of one opening: the adapter while it works, the platform
-  // after it failed max_failures times in a row. Replaced by a reconnect.
-  struct routes {
-    std::shared_ptr<command_route> platform;
-    std::shared_ptr<command_route> adapter;
-    int failures = 0;
-    bool fell_back = false;
-    void close() {
-      if (adapter) adapter->close();
-      platform->close();
-    }
+  using self_ptr = std::shared_ptr<sandbox_channel>;
+  /// The texts of a request that is retried until the daemon answers.
+  struct retry_texts {
+    std::string_view stage;  // the trace's stage of a retry
+    std::string_view failed;
+    std::string_view after_failure;
+    std::string_view retried;
   };
 
-  /// Runs `task` on the channel's executor, shielded from the caller's
-  /// cancellation and counted by the gate.
+  void on(channel_msg::open& m);
+  void on(channel_msg::exec& m);
+  void on(channel_msg::wait& m);
+  void on(channel_msg::kill& m);
+  void on(channel_msg::expire& m);
+  void on(channel_msg::dispatch& m);
+  void on(channel_msg::follow& m);
+  void on(channel_msg::expire_record& m);
+  void on(channel_msg::drop_connections& m);
+  void on(channel_msg::stopping& m);
+  void on(channel_msg::opened& m);
+  void on(channel_msg::current& m);
+  void on(channel_msg::pick& m);
+  void on(channel_msg::outcome& m);
+  void on(channel_msg::retire& m);
+
+  /// Asks the mailbox; once the channel stops, its error says so.
+  template <class M>
+  awaitable<result<runtime::reply_value_t<M>>> request(M m);
+  /// Runs `task` as a coroutine of the channel, holding `held` (its gate),
+  /// and answers `reply` with its result.
   template <class T>
-  awaitable<result<T>> on_channel(awaitable<result<T>> task);
-  awaitable<result<void>> open_on();
-  awaitable<result<void>> open_once();
+  void spawn_answer(runtime::gate::holder held, reply_to<T> reply, awaitable<result<T>> task);
+  template <class T>
+  static awaitable<void> answer(reply_to<T> reply, awaitable<result<T>> task);
+  /// A one-attempt request (exec, wait, kill, expire) on the open routes.
   template <class T, class Call>
-  awaitable<result<T>> route(std::shared_ptr<routes> rs, Call call);
+  void one_attempt(reply_to<T>& reply, Call call);
+  static awaitable<void> open_once(self_ptr self);
+  /// One request on `rs` (null: the open routes): the adapter while it
+  /// works, the platform after the fallback; decisions by pick and outcome.
   template <class T, class Call>
-  awaitable<result<T>> route_current(Call call);
-  /// Ends `failed` (if it is still the open route), pauses before retry
+  static awaitable<result<T>> route(self_ptr self, std::shared_ptr<channel_routes> rs, Call call);
+  /// A request sent until the daemon answers it, reconnecting in between.
+  template <class T, class Call>
+  static awaitable<result<T>> until_answered(self_ptr self, job_id job, Call call,
+                                             retry_texts texts);
+  /// Retires `failed` (if it is still the open route), pauses before retry
   /// `attempt` and opens a route; the stopping error once the channel stops.
-  awaitable<result<std::shared_ptr<routes>>> reconnect(std::shared_ptr<routes> failed, int attempt);
-  awaitable<result<wire::started_rep>> dispatch_on(job_id job, wire::exec_req er);
-  awaitable<result<protocol::shell_completion>> follow_on(job_id job);
-  awaitable<void> expire_record_on(job_id job);
+  static awaitable<result<std::shared_ptr<channel_routes>>> reconnect(
+      self_ptr self, std::shared_ptr<channel_routes> failed, int attempt);
+  static awaitable<void> expire_on(self_ptr self, std::shared_ptr<channel_routes> rs, job_id job,
+                                   reply_to<void> reply);
+  route_choice choose(std::shared_ptr<channel_routes> rs);
   void publish();  // status_ from routes_
   bool stopping() const;
-  void warn(const std::string& w);
+  void warn(const std::string& w) const;
   static error stopping_error();
   static error no_route_error();
 
-  runtime::executor ex_;
+  // Immutable after construction.
   sandbox_channel_options opts_;
   int max_failures_;
   bool opens_ = true;  // false: a channel over given routes, which never reconnects
   std::shared_ptr<sandbox_lease> lease_;
-  runtime::gate gate_;
-  runtime::retry_pauses pauses_;
+  runtime::gate gate_;            // every request and opening in flight
+  runtime::retry_pauses pauses_;  // the reconnects' backoffs
 
-  // On the channel's executor only.
-  std::shared_ptr<routes> routes_;
-  std::shared_ptr<runtime::one_shot<result<void>>> opening_;
+  // The handlers' state.
+  std::shared_ptr<channel_routes> routes_;
+  bool opening_ = false;
+  std::vector<reply_to<std::shared_ptr<channel_routes>>> openers_;
+  bool stopping_ = false;
 
   // The threads ensure_daemon() started; joined by the destructor (they
   // post their answer to an executor, which must outlive the post), and
@@ -213,7 +337,7 @@ class sandbox_channel {
   std::mutex starters_m_;
   std::vector<starter> starters_;
 
-  // Snapshots for other threads, written on the channel's executor.
+  // Snapshots for other threads, written by the handlers (stopped_: by stop()).
   mutable std::mutex m_;
   route_status status_;
   std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> sandbox_;

@@ -1,11 +1,68 @@
 // Owned delivery of job receipts (seed 000): receipts bound to the owning
 // turn, the delivery protocol, withholding, status reads, cancel with
 // confirmation. Every job is a real process in a real tether-sandboxd.
+#include <future>
+#include <thread>
+
 #include "delivery_support.hpp"
+#include "tether/actors/command_route.hpp"
 
 using namespace tether;
 using namespace tether::test;
 using protocol::transition;
+
+namespace {
+
+// A kill held in its route: `entered` once the kill reached it, which then
+// waits for `release` before it goes to the daemon.
+struct kill_hold {
+  std::atomic<int> kills{0};
+  std::shared_ptr<runtime::one_shot<int>> entered = runtime::one_shot<int>::make();
+  std::shared_ptr<runtime::one_shot<int>> release = runtime::one_shot<int>::make();
+};
+
+// An adapter route over its own daemon connection whose kills are held.
+class held_kill_route : public actors::command_route {
+ public:
+  held_kill_route(std::unique_ptr<sandbox::client> c, std::shared_ptr<kill_hold> hold)
+      : real_("held-kill-inner", std::move(c)), hold_(std::move(hold)) {}
+  std::string name() const override { return "held-kill"; }
+  awaitable<result<wire::started_rep>> exec(wire::exec_req r) override {
+    co_return co_await real_.exec(std::move(r));
+  }
+  awaitable<result<protocol::shell_completion>> wait(job_id job) override {
+    co_return co_await real_.wait(std::move(job));
+  }
+  awaitable<result<protocol::shell_completion>> kill(job_id job) override {
+    ++hold_->kills;
+    hold_->entered->set(0);
+    co_await hold_->release->async_wait(boost::asio::use_awaitable);
+    co_return co_await real_.kill(std::move(job));
+  }
+  awaitable<result<std::vector<job_id>>> expire(job_id job) override {
+    co_return co_await real_.expire(std::move(job));
+  }
+  void close() override { real_.close(); }
+
+ private:
+  actors::client_route real_;
+  std::shared_ptr<kill_hold> hold_;
+};
+
+awaitable<result<std::shared_ptr<actors::command_route>>> make_held_kill_route(
+    std::string socket, std::shared_ptr<kill_hold> hold) {
+  auto c = co_await sandbox::client::connect(socket, wire::conn_mode::read_write, "held kill");
+  if (!c) co_return c.error();
+  co_return std::shared_ptr<actors::command_route>(
+      std::make_shared<held_kill_route>(std::move(*c), std::move(hold)));
+}
+
+awaitable<void> cancel_into(actors::job_queue* q, protocol::owner_scope scope, job_id j,
+                            std::shared_ptr<runtime::one_shot<result<job_view>>> out) {
+  out->set(co_await q->cancel(std::move(scope), std::move(j)));
+}
+
+}  // namespace
 
 TEST_CASE(
     "a job's completion is steered into the turn that owns it, which withholds its completion "
@@ -157,6 +214,69 @@ TEST_CASE(
   CHECK(again->state == owned_state::cancelled);
   CHECK(d.receipts(j).size() == 2);
   CHECK_FALSE(std::filesystem::exists(marker));
+}
+
+TEST_CASE(
+    "a job's mailbox answers a second cancel while the first one's kill and the job's follow "
+    "are both in flight, and only the first writes its receipt",
+    "[delivery][jobs]") {
+  delivery_fixture d("cancel-mailbox");
+  auto hold = std::make_shared<kill_hold>();
+  d.f.jobs.adapter = [hold](std::string socket) {
+    return make_held_kill_route(std::move(socket), hold);
+  };
+  d.f.restart();
+  launcher l;
+  l.install(d, "s", job("sleep 30"));
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().set_job_policy(s, true, "report_now")));
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  auto j = l.id(d);
+  REQUIRE(d.sync(d.host().wait_idle(s)));
+  auto scope = d.host().scope_of(s);
+  REQUIRE(scope);
+
+  // The first cancel runs on another executor until its kill is held in the route.
+  auto first = runtime::one_shot<result<job_view>>::make();
+  boost::asio::co_spawn(d.host().pool().at(1), cancel_into(&d.host().jobs(), *scope, j, first),
+                        boost::asio::detached);
+  d.sync(hold->entered->async_wait(boost::asio::use_awaitable));
+
+  // A mailbox blocked by the first cancel (or by the follow) would not answer
+  // this one until the kill is released: the guard releases it after a
+  // bound that only a blocked mailbox reaches, so the test ends either way.
+  std::promise<void> answered;
+  auto answered_f = answered.get_future();
+  std::atomic<bool> released_by_guard{false};
+  std::thread guard([&] {
+    if (answered_f.wait_for(std::chrono::seconds(120)) == std::future_status::timeout) {
+      released_by_guard = true;
+      hold->release->set(0);
+    }
+  });
+  auto second = d.sync(d.host().jobs().cancel(*scope, j));
+  answered.set_value();
+  guard.join();
+  CHECK_FALSE(released_by_guard.load());
+  REQUIRE_FALSE(second);
+  CHECK(second.error().code == errc::conflict);
+  CHECK_THAT(second.error().message, Catch::Contains("being cancelled already"));
+  // Meanwhile the job is live and running: nothing was written for it.
+  CHECK(d.host().jobs().running(s).size() == 1);
+  CHECK(d.state_of(j) == owned_state::running);
+  CHECK(d.receipts(j).size() == 1);
+
+  hold->release->set(0);
+  auto v = d.sync(first->async_wait(boost::asio::use_awaitable));
+  INFO((v ? std::string("ok") : v.error().message));
+  REQUIRE(v);
+  CHECK(v->state == owned_state::cancelled);
+  CHECK(hold->kills.load() == 1);  // the second cancel sent no kill
+  auto rs = d.receipts(j);
+  REQUIRE(rs.size() == 2);
+  CHECK(rs[1].transition == transition::cancelled);
+  d.sync(d.host().jobs().wait_idle());
+  CHECK(d.host().jobs().running(s).empty());
 }
 
 TEST_CASE("stopping a turn cancels exactly the jobs it owns", "[delivery]") {

@@ -10,9 +10,12 @@
 #include <atomic>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include "delivery_support.hpp"
 #include "tether/runtime/clock.hpp"
+#include "tether/runtime/executor_pool.hpp"
+#include "tether/runtime/sync_wait.hpp"
 
 using namespace tether;
 using namespace tether::test;
@@ -190,15 +193,16 @@ TEST_CASE("an adapter that fails twice is retried and runs the job on the third 
     int fallbacks = 0;
     auto on_fallback = [&](const std::string&) { ++fallbacks; };
     auto ex = co_await here();
-    sandbox_channel ch(ex, platform, adapter, 3, std::make_shared<sandbox_lease>(), on_fallback);
+    auto ch = std::make_shared<sandbox_channel>(ex, platform, adapter, 3,
+                                                std::make_shared<sandbox_lease>(), on_fallback);
     std::vector<int> row_at_call;  // failures_in_a_row() as each adapter exec began
     adapter->on_call = [&](const std::string& op) {
-      if (op == "exec") row_at_call.push_back(ch.failures_in_a_row());
+      if (op == "exec") row_at_call.push_back(ch->failures_in_a_row());
     };
 
     auto r = command("echo ran >> " + side, cwd);
     r.job = job_id("job-route-retry");
-    auto s = co_await ch.exec(std::move(r));
+    auto s = co_await ch->exec(std::move(r));
     INFO("exec: " << (s ? std::string("ok") : s.error().message));
     REQUIRE(s.has_value());
     CHECK(s->job == job_id("job-route-retry"));
@@ -207,11 +211,11 @@ TEST_CASE("an adapter that fails twice is retried and runs the job on the third 
     CHECK(adapter->probe().injected.load() == 2);
     CHECK(row_at_call == std::vector<int>{0, 1, 2});
     CHECK(platform->probe().exec_calls.load() == 0);
-    CHECK(ch.failures_in_a_row() == 0);
-    CHECK_FALSE(ch.fell_back());
-    CHECK(ch.name() == "adapter");
+    CHECK(ch->failures_in_a_row() == 0);
+    CHECK_FALSE(ch->fell_back());
+    CHECK(ch->route_name() == "adapter");
 
-    auto done = co_await ch.wait(s->job);
+    auto done = co_await ch->wait(s->job);
     INFO("wait: " << (done ? std::string("ok") : done.error().message));
     REQUIRE(done.has_value());
     CHECK(done->status.state == protocol::job_state::exited);
@@ -242,22 +246,23 @@ TEST_CASE(
     std::vector<std::string> warnings;
     auto on_fallback = [&](const std::string& w) { warnings.push_back(w); };
     auto ex = co_await here();
-    sandbox_channel ch(ex, platform, adapter, actors::job_queue_options{}.adapter_failures,
-                       std::make_shared<sandbox_lease>(), on_fallback);
+    auto ch = std::make_shared<sandbox_channel>(ex, platform, adapter,
+                                                actors::job_queue_options{}.adapter_failures,
+                                                std::make_shared<sandbox_lease>(), on_fallback);
     std::vector<int> row_at_call;
     adapter->on_call = [&](const std::string&) {
-      CHECK_FALSE(ch.fell_back());
-      row_at_call.push_back(ch.failures_in_a_row());
+      CHECK_FALSE(ch->fell_back());
+      row_at_call.push_back(ch->failures_in_a_row());
     };
 
     auto r = command("echo ran >> " + side, cwd);
     r.job = job_id("job-route-fallback");
-    auto s = co_await ch.exec(std::move(r));
+    auto s = co_await ch->exec(std::move(r));
     INFO("exec: " << (s ? std::string("ok") : s.error().message));
     REQUIRE(s.has_value());
     CHECK(s->existing);  // started by the adapter's first (lost) attempt, not again
-    CHECK(ch.fell_back());
-    CHECK(ch.name() == "platform");
+    CHECK(ch->fell_back());
+    CHECK(ch->route_name() == "platform");
     CHECK(adapter->probe().exec_calls.load() == 3);
     CHECK(row_at_call == std::vector<int>{0, 1, 2});
     CHECK(platform->probe().exec_calls.load() == 1);
@@ -267,12 +272,12 @@ TEST_CASE(
                                 Catch::Contains("same sandbox"));
 
     // Everything after the fallback goes to the platform; the adapter is not tried again.
-    auto done = co_await ch.wait(s->job);
+    auto done = co_await ch->wait(s->job);
     INFO("wait: " << (done ? std::string("ok") : done.error().message));
     REQUIRE(done.has_value());
     CHECK(done->status.state == protocol::job_state::exited);
     CHECK(done->status.exit_code == 0);
-    auto killed = co_await ch.kill(s->job);  // idempotent: it had ended on its own
+    auto killed = co_await ch->kill(s->job);  // idempotent: it had ended on its own
     REQUIRE(killed.has_value());
     CHECK(killed->status.exit_code == 0);
     CHECK(adapter->probe().calls("exec") + adapter->probe().calls("wait") +
@@ -315,26 +320,26 @@ TEST_CASE("the fallback threshold is configurable, and below one it is one", "[r
         warning = w;
       };
       auto ex = co_await here();
-      sandbox_channel ch(ex, platform, adapter, configured, std::make_shared<sandbox_lease>(),
-                         on_fallback);
+      auto ch = std::make_shared<sandbox_channel>(ex, platform, adapter, configured,
+                                                  std::make_shared<sandbox_lease>(), on_fallback);
       std::vector<int> row_at_call;
       adapter->on_call = [&](const std::string&) {
-        CHECK_FALSE(ch.fell_back());
-        row_at_call.push_back(ch.failures_in_a_row());
+        CHECK_FALSE(ch->fell_back());
+        row_at_call.push_back(ch->failures_in_a_row());
       };
       auto r = command("echo ran >> " + side, cwd);
       r.job = job_id("job-threshold-" + std::to_string(configured));
-      auto s = co_await ch.exec(std::move(r));
+      auto s = co_await ch->exec(std::move(r));
       REQUIRE(s.has_value());
       std::vector<int> expected;
       for (int i = 0; i < effective; ++i) expected.push_back(i);
       CHECK(row_at_call == expected);
       CHECK(adapter->probe().exec_calls.load() == effective);
       CHECK(platform->probe().exec_calls.load() == 1);
-      CHECK(ch.fell_back());
+      CHECK(ch->fell_back());
       CHECK(fallbacks == 1);
       CHECK_THAT(warning, Catch::Contains(std::to_string(effective) + " times"));
-      auto done = co_await ch.wait(s->job);
+      auto done = co_await ch->wait(s->job);
       REQUIRE(done.has_value());
       CHECK(done->status.exit_code == 0);
       CHECK(lines_in(side) == 1);
@@ -356,24 +361,25 @@ TEST_CASE("a route failing only waits falls back on the wait, the exec went thro
     std::vector<std::string> warnings;
     auto on_fallback = [&](const std::string& w) { warnings.push_back(w); };
     auto ex = co_await here();
-    sandbox_channel ch(ex, platform, adapter, 3, std::make_shared<sandbox_lease>(), on_fallback);
+    auto ch = std::make_shared<sandbox_channel>(ex, platform, adapter, 3,
+                                                std::make_shared<sandbox_lease>(), on_fallback);
 
     auto r = command("echo ran >> " + side + "; echo out-of-job", cwd);
     r.job = job_id("job-only-wait");
-    auto s = co_await ch.exec(std::move(r));
+    auto s = co_await ch->exec(std::move(r));
     REQUIRE(s.has_value());
     CHECK_FALSE(s->existing);
-    CHECK_FALSE(ch.fell_back());
+    CHECK_FALSE(ch->fell_back());
     CHECK(adapter->probe().exec_calls.load() == 1);
     CHECK(platform->probe().exec_calls.load() == 0);
 
-    auto done = co_await ch.wait(s->job);
+    auto done = co_await ch->wait(s->job);
     REQUIRE(done.has_value());
     CHECK(done->status.exit_code == 0);
     CHECK(done->tail == "out-of-job\n");
     CHECK(adapter->probe().wait_calls.load() == 3);
     CHECK(platform->probe().wait_calls.load() == 1);
-    CHECK(ch.fell_back());
+    CHECK(ch->fell_back());
     CHECK(warnings.size() == 1);
   };
   run(body());
@@ -393,47 +399,48 @@ TEST_CASE(
     int fallbacks = 0;
     auto on_fallback = [&](const std::string&) { ++fallbacks; };
     auto ex = co_await here();
-    sandbox_channel ch(ex, platform, adapter, 3, std::make_shared<sandbox_lease>(), on_fallback);
+    auto ch = std::make_shared<sandbox_channel>(ex, platform, adapter, 3,
+                                                std::make_shared<sandbox_lease>(), on_fallback);
 
     // Refusals straight from the daemon: not retried, not counted, not rewritten.
     for (int i = 0; i < 4; ++i) {
-      auto bad = co_await ch.exec(command("true", "/nonexistent/tether-dir"));
+      auto bad = co_await ch->exec(command("true", "/nonexistent/tether-dir"));
       REQUIRE_FALSE(bad.has_value());
       CHECK(bad.error().code == errc::invalid);
       CHECK_THAT(bad.error().message, Catch::Contains("cwd '/nonexistent/tether-dir'"));
-      CHECK(ch.failures_in_a_row() == 0);
+      CHECK(ch->failures_in_a_row() == 0);
     }
     CHECK(adapter->probe().exec_calls.load() == 4);
-    auto unknown_wait = co_await ch.wait(job_id("job-nobody-knows"));
+    auto unknown_wait = co_await ch->wait(job_id("job-nobody-knows"));
     REQUIRE_FALSE(unknown_wait.has_value());
     CHECK(unknown_wait.error().code == errc::not_found);
-    auto unknown_kill = co_await ch.kill(job_id("job-nobody-knows"));
+    auto unknown_kill = co_await ch->kill(job_id("job-nobody-knows"));
     REQUIRE_FALSE(unknown_kill.has_value());
     CHECK(unknown_kill.error().code == errc::not_found);
     CHECK(adapter->probe().wait_calls.load() == 1);
     CHECK(adapter->probe().kill_calls.load() == 1);
-    CHECK(ch.failures_in_a_row() == 0);
+    CHECK(ch->failures_in_a_row() == 0);
 
     // An answer also breaks a row of infrastructure failures: 2 faults, an
     // answer, 2 faults, an answer is four faults but never three in a row.
     adapter->fail_next = 2;
-    auto bad = co_await ch.exec(command("true", "/nonexistent/tether-dir"));
+    auto bad = co_await ch->exec(command("true", "/nonexistent/tether-dir"));
     REQUIRE_FALSE(bad.has_value());
     CHECK(bad.error().code == errc::invalid);
-    CHECK(ch.failures_in_a_row() == 0);
+    CHECK(ch->failures_in_a_row() == 0);
     adapter->fail_next = 2;
     auto r = command("echo ran >> " + side, cwd);
     r.job = job_id("job-after-answers");
-    auto s = co_await ch.exec(std::move(r));
+    auto s = co_await ch->exec(std::move(r));
     REQUIRE(s.has_value());
     CHECK(adapter->probe().injected.load() == 4);
-    CHECK(ch.failures_in_a_row() == 0);
-    CHECK_FALSE(ch.fell_back());
+    CHECK(ch->failures_in_a_row() == 0);
+    CHECK_FALSE(ch->fell_back());
     CHECK(fallbacks == 0);
     CHECK(platform->probe().exec_calls.load() + platform->probe().wait_calls.load() +
               platform->probe().kill_calls.load() ==
           0);
-    auto done = co_await ch.wait(s->job);
+    auto done = co_await ch->wait(s->job);
     REQUIRE(done.has_value());
     CHECK(done->status.exit_code == 0);
   };
@@ -467,16 +474,16 @@ TEST_CASE(
     const std::int64_t initial = runtime::now_ms() + hour;
     auto lease = std::make_shared<sandbox_lease>(initial);
     auto ex = co_await here();
-    sandbox_channel ch(ex, platform, adapter, 3, lease);
+    auto ch = std::make_shared<sandbox_channel>(ex, platform, adapter, 3, lease);
 
     // Shorter than what is left of the lease: unchanged.
     adapter->timeout_ = milliseconds(10 * 60 * 1000);
     auto a = command("true", cwd);
     a.job = job_id("job-lease-short");
-    auto sa = co_await ch.exec(std::move(a));
+    auto sa = co_await ch->exec(std::move(a));
     CHECK_OK(sa);
     CHECK(lease->until_ms() == initial);
-    auto wa = co_await ch.wait(job_id("job-lease-short"));
+    auto wa = co_await ch->wait(job_id("job-lease-short"));
     CHECK_OK(wa);
     CHECK(lease->until_ms() == initial);
 
@@ -485,7 +492,7 @@ TEST_CASE(
     auto b = command("true", cwd);
     b.job = job_id("job-lease-long");
     auto t0 = runtime::now_ms();
-    auto sb = co_await ch.exec(std::move(b));
+    auto sb = co_await ch->exec(std::move(b));
     auto t1 = runtime::now_ms();
     CHECK_OK(sb);
     auto extended = lease->until_ms();
@@ -494,7 +501,7 @@ TEST_CASE(
 
     // Shorter again, after the extension: still never shortened.
     adapter->timeout_ = milliseconds(1000);
-    auto wb = co_await ch.wait(job_id("job-lease-long"));
+    auto wb = co_await ch->wait(job_id("job-lease-long"));
     CHECK_OK(wb);
     CHECK(lease->until_ms() == extended);
 
@@ -502,12 +509,12 @@ TEST_CASE(
     adapter->timeout_.reset();
     auto c = command("true", cwd);
     c.job = job_id("job-lease-none");
-    auto sc = co_await ch.exec(std::move(c));
+    auto sc = co_await ch->exec(std::move(c));
     CHECK_OK(sc);
-    auto wc = co_await ch.wait(job_id("job-lease-none"));
+    auto wc = co_await ch->wait(job_id("job-lease-none"));
     CHECK_OK(wc);
     CHECK(lease->until_ms() == extended);
-    CHECK_FALSE(ch.fell_back());
+    CHECK_FALSE(ch->fell_back());
     CHECK(platform->probe().exec_calls.load() == 0);
   };
   run(body());
@@ -558,7 +565,7 @@ TEST_CASE(
   // The channel fell back after three failed execs; the adapter saw nothing after.
   auto& ch = d.host().jobs().channel();
   CHECK(ch.fell_back());
-  CHECK(ch.name() == "platform");
+  CHECK(ch.route_name() == "platform");
   CHECK(probe->exec_calls.load() == 3);
   CHECK(probe->wait_calls.load() == 0);
   CHECK(probe->kill_calls.load() == 0);
@@ -605,12 +612,13 @@ TEST_CASE(
     int fallbacks = 0;
     auto on_fallback = [&](const std::string&) { ++fallbacks; };
     auto ex = co_await here();
-    sandbox_channel ch(ex, platform, adapter, 3, std::make_shared<sandbox_lease>(), on_fallback);
+    auto ch = std::make_shared<sandbox_channel>(ex, platform, adapter, 3,
+                                                std::make_shared<sandbox_lease>(), on_fallback);
     std::vector<job_id> jobs;
     for (int i = 0; i < 4; ++i) {
       auto r = command("sleep 1", cwd);
       r.job = job_id("job-inflight-" + std::to_string(i));
-      auto s = co_await ch.exec(std::move(r));
+      auto s = co_await ch->exec(std::move(r));
       REQUIRE(s.has_value());
       jobs.push_back(s->job);
     }
@@ -620,7 +628,7 @@ TEST_CASE(
     for (auto& j : jobs) {
       // Four waits in flight on the adapter when its connection drops.
       auto w = [&ch, done, ok, all, j]() -> awaitable<void> {
-        auto c = co_await ch.wait(j);
+        auto c = co_await ch->wait(j);
         if (c) ++*ok;
         if (++*done == 4) all->set(0);
       };
@@ -631,7 +639,7 @@ TEST_CASE(
     adapter->client().close();
     co_await all->async_wait(boost::asio::use_awaitable);
     CHECK(*ok == 4);  // each wait moved over to the platform and got its completion
-    CHECK(ch.fell_back());
+    CHECK(ch->fell_back());
     CHECK(fallbacks == 1);
   };
   run(body());
@@ -646,7 +654,8 @@ TEST_CASE("a daemon's own I/O error answer is not a route failure: no retry, no 
     auto platform = co_await open_route("platform", d.socket());
     auto adapter = co_await open_route("adapter", d.socket());
     auto ex = co_await here();
-    sandbox_channel ch(ex, platform, adapter, 3, std::make_shared<sandbox_lease>());
+    auto ch = std::make_shared<sandbox_channel>(ex, platform, adapter, 3,
+                                                std::make_shared<sandbox_lease>());
     // The daemon cannot create the job's directory: it answers "io".
     std::filesystem::remove_all(jobs_dir);
     {
@@ -655,14 +664,14 @@ TEST_CASE("a daemon's own I/O error answer is not a route failure: no retry, no 
     }
     auto r = command("true", cwd);
     r.job = job_id("job-daemon-io");
-    auto s = co_await ch.exec(std::move(r));
+    auto s = co_await ch->exec(std::move(r));
     std::filesystem::remove(jobs_dir);
     std::filesystem::create_directories(jobs_dir);
     REQUIRE_FALSE(s.has_value());
     CHECK(s.error().answered);
     CHECK(adapter->probe().exec_calls.load() == 1);  // an answer: not retried
     CHECK(platform->probe().exec_calls.load() == 0);
-    CHECK_FALSE(ch.fell_back());
+    CHECK_FALSE(ch->fell_back());
   };
   run(body());
 }
@@ -687,4 +696,103 @@ TEST_CASE("an adapter that cannot attach leaves the platform route serving the s
   for (auto& w : d.f.warnings)
     warned |= w.find("adapter endpoint unreachable") != std::string::npos;
   CHECK(warned);
+}
+
+namespace {
+
+awaitable<result<std::pair<std::shared_ptr<fault_route>, std::shared_ptr<fault_route>>>>
+open_two_routes(std::string socket) {
+  auto p = co_await sandbox::client::connect(socket, wire::conn_mode::read_write, "platform");
+  if (!p) co_return p.error();
+  auto a = co_await sandbox::client::connect(socket, wire::conn_mode::read_write, "adapter");
+  if (!a) co_return a.error();
+  auto platform =
+      std::make_shared<fault_route>("platform", std::move(*p), std::make_shared<route_probe>());
+  auto adapter =
+      std::make_shared<fault_route>("adapter", std::move(*a), std::make_shared<route_probe>());
+  co_return std::make_pair(platform, adapter);
+}
+
+awaitable<std::thread::id> thread_here() {
+  co_return std::this_thread::get_id();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "exec requests from many threads are decided one message at a time by the channel's "
+    "mailbox: one fallback after three failures in a row, every route call on the channel's "
+    "executor, every job run once",
+    "[route]") {
+  sandbox_daemon d("route-many-threads");
+  auto cwd = d.dir().path().string();
+  auto side = d.dir().file("side-effect");
+  runtime::executor_pool home(1);     // the channel's executor
+  runtime::executor_pool callers(2);  // the askers' executors
+  auto ex = home.at(0);
+  auto channel_thread = runtime::sync_wait(ex, thread_here());
+  auto opened = runtime::sync_wait(ex, open_two_routes(d.socket()));
+  INFO((opened ? std::string("ok") : opened.error().message));
+  REQUIRE(opened);
+  auto [platform, adapter] = *opened;
+  adapter->fail_always = true;  // every adapter call fails before it reaches the daemon
+
+  std::mutex m;
+  std::vector<std::thread::id> call_threads;
+  std::vector<std::string> warnings;
+  auto record = [&](const std::string&) {
+    std::lock_guard lk(m);
+    call_threads.push_back(std::this_thread::get_id());
+  };
+  adapter->on_call = record;
+  platform->on_call = record;
+  auto on_warn = [&](const std::string& w) {
+    std::lock_guard lk(m);
+    warnings.push_back(w);
+  };
+  auto ch = std::make_shared<sandbox_channel>(ex, platform, adapter, 3,
+                                              std::make_shared<sandbox_lease>(), on_warn);
+
+  constexpr int n = 8;
+  std::vector<result<wire::started_rep>> got(n, error{errc::failed, "not sent"});
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      auto r = command("echo ran >> " + side, cwd);
+      r.job = job_id("job-many-" + std::to_string(i));
+      got[i] = runtime::sync_wait(callers.at(i), ch->exec(std::move(r)));
+    });
+  for (auto& t : threads) t.join();
+
+  for (int i = 0; i < n; ++i) {
+    INFO("exec " << i << ": " << (got[i] ? std::string("ok") : got[i].error().message));
+    REQUIRE(got[i]);
+    CHECK_FALSE(got[i]->existing);  // the failed adapter calls never reached the daemon
+    auto done = runtime::sync_wait(callers.at(i), ch->wait(got[i]->job));
+    REQUIRE(done);
+    CHECK(done->status.exit_code == 0);
+  }
+  CHECK(lines_in(side) == n);
+  CHECK(platform->probe().exec_calls.load() == n);
+  CHECK(adapter->probe().exec_calls.load() >= 3);  // calls in flight at the fallback moved over
+  CHECK(ch->fell_back());
+  CHECK(ch->failures_in_a_row() == 3);
+  {
+    std::lock_guard lk(m);
+    REQUIRE(warnings.size() == 1);
+    CHECK_THAT(warnings[0], Catch::Contains("3 times"));
+    for (auto& id : call_threads) CHECK(id == channel_thread);
+    CHECK(call_threads.size() ==
+          static_cast<std::size_t>(adapter->probe().exec_calls.load() + 2 * n));
+  }
+
+  // Stopped, the mailbox refuses: a request after stop() says the host is shutting down.
+  runtime::sync_wait(callers.at(0), ch->stop());
+  runtime::sync_wait(callers.at(1), ch->stop());  // idempotent
+  auto late = runtime::sync_wait(callers.at(0), ch->exec(command("true", cwd)));
+  REQUIRE_FALSE(late);
+  CHECK(late.error().code == errc::stopped);
+  // The executors stop before the routes' connections are destroyed on this thread.
+  callers.stop();
+  home.stop();
 }
