@@ -62,6 +62,17 @@ awaitable<void> cancel_into(actors::job_queue* q, protocol::owner_scope scope, j
   out->set(co_await q->cancel(std::move(scope), std::move(j)));
 }
 
+// `s` (its launcher installed) settles at once ("report_now") after a
+// prompt that launched its job, which is still running: the session and the job.
+std::pair<session_id, job_id> launched_and_settled(delivery_fixture& d, launcher& l) {
+  auto s = d.session("s");
+  REQUIRE(d.sync(d.host().set_job_policy(s, true, "report_now")));
+  REQUIRE(d.sync(d.host().prompt(s, "go")));
+  auto j = l.id(d);
+  REQUIRE(d.sync(d.host().wait_idle(s)));
+  return {s, j};
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -192,11 +203,7 @@ TEST_CASE(
   auto marker = d.work + "/after-sleep";
   launcher l;
   l.install(d, "s", job("sleep 30; touch " + marker));
-  auto s = d.session("s");
-  REQUIRE(d.sync(d.host().set_job_policy(s, true, "report_now")));
-  REQUIRE(d.sync(d.host().prompt(s, "go")));
-  auto j = l.id(d);
-  REQUIRE(d.sync(d.host().wait_idle(s)));
+  auto [s, j] = launched_and_settled(d, l);
   auto scope = d.host().scope_of(s);
   REQUIRE(scope);
   auto v = d.sync(d.host().jobs().cancel(*scope, j));
@@ -228,11 +235,7 @@ TEST_CASE(
   d.f.restart();
   launcher l;
   l.install(d, "s", job("sleep 30"));
-  auto s = d.session("s");
-  REQUIRE(d.sync(d.host().set_job_policy(s, true, "report_now")));
-  REQUIRE(d.sync(d.host().prompt(s, "go")));
-  auto j = l.id(d);
-  REQUIRE(d.sync(d.host().wait_idle(s)));
+  auto [s, j] = launched_and_settled(d, l);
   auto scope = d.host().scope_of(s);
   REQUIRE(scope);
 
@@ -398,11 +401,7 @@ TEST_CASE("a dropped connection to the daemon is not a failed job: the queue fol
   auto gate = d.fifo("gate");
   launcher l;
   l.install(d, "s", job("cat " + gate + "; echo after-reconnect"));
-  auto s = d.session("s");
-  REQUIRE(d.sync(d.host().set_job_policy(s, true, "report_now")));
-  REQUIRE(d.sync(d.host().prompt(s, "go")));
-  auto j = l.id(d);
-  REQUIRE(d.sync(d.host().wait_idle(s)));
+  auto [s, j] = launched_and_settled(d, l);
   // Cut the queue's connections (the channel does it on its executor, where they live).
   d.sync(d.host().jobs().channel().drop_connections());
   d.release(gate);
