@@ -44,12 +44,7 @@ awaitable<T> job_queue::on_queue(awaitable<T> task) {
 
 job_queue::job_queue(runtime::executor ex, host& h, persistence::task_store& store,
                      job_queue_options opts)
-    : ex_(ex),
-      host_(h),
-      store_(store),
-      opts_(std::move(opts)),
-      pauses_(ex),
-      live_view_(std::make_shared<const live_map>()) {
+    : ex_(ex), host_(h), store_(store), opts_(std::move(opts)), pauses_(ex) {
   sandbox_channel_options c;
   c.sandbox_dir = opts_.sandbox_dir;
   c.start_daemon = opts_.start_daemon;
@@ -179,10 +174,12 @@ awaitable<void> job_queue::wait_idle() {
 
 std::shared_ptr<job> job_queue::add_live(owned_job j) {
   auto id = j.id;
-  index_[id] = j;
+  auto thread = j.scope.thread;
+  index_[thread][id] = j;
+  thread_of_[id] = thread;
   auto jb = std::make_shared<job>(ex_, services_, std::move(j), resumed_);
   jobs_[id] = jb;
-  publish_live();
+  publish_live(thread);
   busy(+1);
   bump();
   return jb;
@@ -190,44 +187,62 @@ std::shared_ptr<job> job_queue::add_live(owned_job j) {
 
 void job_queue::on_job_note(job_note_t n) {
   if (auto* c = std::get_if<job_note::changed>(&n)) {
-    auto it = index_.find(c->row.id);
-    if (it == index_.end()) return;
-    it->second = std::move(c->row);
-    publish_live();
+    auto t = thread_of_.find(c->row.id);
+    if (t == thread_of_.end()) return;
+    auto thread = t->second;  // a job's scope never changes
+    index_[thread][c->row.id] = std::move(c->row);
+    publish_live(thread);
   } else if (auto* e = std::get_if<job_note::ended>(&n)) {
     if (!jobs_.erase(e->id)) return;
-    index_.erase(e->id);
-    publish_live();
+    auto t = thread_of_.find(e->id);
+    if (t != thread_of_.end()) {
+      auto thread = t->second;
+      thread_of_.erase(t);
+      auto rows = index_.find(thread);
+      if (rows != index_.end()) {
+        rows->second.erase(e->id);
+        if (rows->second.empty()) index_.erase(rows);
+      }
+      publish_live(thread);
+    }
     bump();
     busy(-1);
   }
 }
 
-void job_queue::publish_live() {
-  auto next = std::make_shared<const live_map>(index_);
+void job_queue::publish_live(const protocol::session_id& thread) {
+  thread_view next;
+  if (auto rows = index_.find(thread); rows != index_.end()) {
+    auto v = std::make_shared<std::vector<owned_job>>();
+    v->reserve(rows->second.size());
+    for (auto& [id, row] : rows->second) v->push_back(row);
+    next = std::move(v);
+  }
   std::lock_guard lk(m_);
-  live_view_ = std::move(next);
+  if (next)
+    live_view_[thread] = std::move(next);
+  else
+    live_view_.erase(thread);
 }
 
-std::shared_ptr<const job_queue::live_map> job_queue::live_view() const {
+job_queue::thread_view job_queue::live_view(const protocol::session_id& thread) const {
+  static const thread_view none = std::make_shared<const std::vector<owned_job>>();
   std::lock_guard lk(m_);
-  return live_view_;
+  auto it = live_view_.find(thread);
+  return it == live_view_.end() ? none : it->second;
 }
 
 bool job_queue::turn_has_live_jobs(const protocol::session_id& thread,
                                    const protocol::turn_id& turn) {
-  auto view = live_view();
-  for (auto& [id, row] : *view)
-    if (row.scope.thread == thread && row.scope.turn == turn) return true;
+  for (auto& row : *live_view(thread))
+    if (row.scope.turn == turn) return true;
   return false;
 }
 
 std::vector<protocol::running_item> job_queue::running(const protocol::session_id& thread) {
   std::vector<protocol::running_item> out;
-  auto view = live_view();
-  for (auto& [id, row] : *view)
-    if (row.scope.thread == thread && !persistence::is_terminal(row.state))
-      out.push_back({"shell", id.str(), row.preview});
+  for (auto& row : *live_view(thread))
+    if (!persistence::is_terminal(row.state)) out.push_back({"shell", row.id.str(), row.preview});
   return out;
 }
 
@@ -496,18 +511,16 @@ awaitable<result<job_view>> job_queue::cancel_on(owner_scope caller, job_id job,
 
 awaitable<result<int>> job_queue::stop_turn(owner_scope turn) {
   std::vector<std::pair<job_id, owner_scope>> mine;
-  auto view = live_view();
-  for (auto& [id, row] : *view)
-    if (turn.owns(row.scope)) mine.emplace_back(id, turn);
+  for (auto& row : *live_view(turn.thread))
+    if (turn.owns(row.scope)) mine.emplace_back(row.id, turn);
   co_return co_await cancel_each(std::move(mine));
 }
 
 awaitable<result<int>> job_queue::stop_thread(protocol::tenant_id tenant,
                                               protocol::session_id thread) {
   std::vector<std::pair<job_id, owner_scope>> mine;
-  auto view = live_view();
-  for (auto& [id, row] : *view)
-    if (row.scope.tenant == tenant && row.scope.thread == thread) mine.emplace_back(id, row.scope);
+  for (auto& row : *live_view(thread))
+    if (row.scope.tenant == tenant) mine.emplace_back(row.id, row.scope);
   co_return co_await cancel_each(std::move(mine));
 }
 

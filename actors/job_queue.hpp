@@ -184,6 +184,8 @@ class job_queue {
 
  private:
   using live_map = std::map<job_id, owned_job>;
+  /// One thread's live jobs, as an immutable snapshot.
+  using thread_view = std::shared_ptr<const std::vector<owned_job>>;
 
   /// The channel's bind hook: refuses a generation older than the bound
   /// one (read off the executor), then binds it through the writer.
@@ -212,8 +214,11 @@ class job_queue {
   /// A job's message (posted onto the queue's executor): its row changed, or
   /// it is no longer live and the registry forgets it.
   void on_job_note(job_note_t n);
-  void publish_live();
-  std::shared_ptr<const live_map> live_view() const;
+  /// Publishes `thread`'s live rows afresh (only that thread's: a change
+  /// costs the jobs of its thread, not every live job).
+  void publish_live(const protocol::session_id& thread);
+  /// The live rows of one thread (never null).
+  thread_view live_view(const protocol::session_id& thread) const;
   void bump();
   void busy(int delta);
   /// A job's hand-over waits for sessions_resumed().
@@ -229,13 +234,16 @@ class job_queue {
   runtime::retry_pauses pauses_;                  // the jobs' retried writes and hand-overs
   std::shared_ptr<const job_services> services_;  // what each job is handed
   std::map<job_id, std::shared_ptr<job>> jobs_;   // live jobs (executor only)
-  live_map index_;  // their rows, as their messages reported them (executor only)
+  // Their rows, as their messages reported them, by thread (executor only).
+  std::map<protocol::session_id, live_map> index_;
+  std::map<job_id, protocol::session_id> thread_of_;  // (executor only)
   // Boot's phases resumed the sessions (executor only): a job made now is
   // told so at construction, a live one by message when it changes.
   bool resumed_ = true;
 
   mutable std::mutex m_;
-  std::shared_ptr<const live_map> live_view_;  // index_'s latest immutable copy
+  // Each thread's latest immutable copy of its index_ rows.
+  std::map<protocol::session_id, thread_view> live_view_;
   std::uint64_t revision_ = 0;
   long busy_ = 0;  // live jobs plus deliveries in flight
   std::vector<std::pair<std::uint64_t, std::shared_ptr<runtime::one_shot<std::uint64_t>>>>

@@ -310,8 +310,7 @@ TEST_CASE("with a sandbox configured, a shell the agent starts is a job owned by
           "[delivery]") {
   delivery_fixture d("shell-is-job");
   auto started = runtime::one_shot<result<std::string>>::make();
-  d.f.code("s")->fn = [started](agent_context& ctx,
-                                drain_input in) -> boost::asio::awaitable<void> {
+  d.f.code("s")->fn = [started](agent_context& ctx, drain_input) -> boost::asio::awaitable<void> {
     if (started->ready()) co_return;
     auto r = co_await ctx.start_shell("echo via-start-shell");
     started->set(r);
