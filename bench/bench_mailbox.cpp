@@ -8,7 +8,10 @@
 //   tell: a coroutine sends n numbers one way; at most k_window are in flight
 //         (the channel's capacity; the actor's sender waits on a mark told
 //         after every half window).
-//   ask:  a coroutine makes n round trips one after the other.
+//   ask:  a coroutine makes n round trips one after the other; also with a
+//         30 s timeout (the io_context's deadline service), and with the
+//         steady_timer per ask that timeouts cost before it ("timeout_cost":
+//         time per ask with a timeout over time per ask without).
 //   one executor: everything on one io_context run by this thread.
 //   two executors: sender on executor_pool(2).at(0), receiver on .at(1).
 #include <malloc.h>
@@ -16,6 +19,7 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/experimental/channel.hpp>
 #include <boost/asio/experimental/concurrent_channel.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_future.hpp>
 #include <cstdlib>
 #include <functional>
@@ -129,6 +133,38 @@ template <class Sink>
 awaitable<std::uint64_t> ask_queries(std::shared_ptr<Sink> s, std::uint64_t n) {
   std::uint64_t last = 0;
   for (std::uint64_t i = 0; i < n; ++i) {
+    query q;
+    auto r = co_await s->ask(std::move(q));
+    if (!r) die("ask failed: " + r.error().message);
+    last = *r;
+  }
+  co_return last;
+}
+
+// With a timeout far longer than the run: the deadline is armed and removed
+// on every ask (runtime/deadlines.hpp).
+template <class Sink>
+awaitable<std::uint64_t> ask_queries_with_timeout(std::shared_ptr<Sink> s, std::uint64_t n) {
+  std::uint64_t last = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    query q;
+    auto r = co_await s->ask(std::move(q), std::chrono::seconds(30));
+    if (!r) die("ask failed: " + r.error().message);
+    last = *r;
+  }
+  co_return last;
+}
+
+// What an ask's timeout cost before the deadline service: a steady_timer per
+// ask, armed before it and cancelled after the reply (the cancel posts the
+// aborted wait).
+template <class Sink>
+awaitable<std::uint64_t> ask_queries_timer_per_ask(std::shared_ptr<Sink> s, std::uint64_t n) {
+  auto ex = co_await asio::this_coro::executor;
+  std::uint64_t last = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    asio::steady_timer t(ex, std::chrono::seconds(30));
+    t.async_wait([](error_code) {});
     query q;
     auto r = co_await s->ask(std::move(q));
     if (!r) die("ask failed: " + r.error().message);
@@ -285,11 +321,16 @@ double raw_tell(Place& pl, std::uint64_t n) {
   return t;
 }
 
+enum class ask_timeout { none, deadline, timer_per_ask };
+
 template <class Sink, class Place>
-double actor_ask(Place& pl, std::uint64_t n) {
+double actor_ask(Place& pl, std::uint64_t n, ask_timeout how = ask_timeout::none) {
   auto s = std::make_shared<Sink>(pl.b(), actor_options{"sink"});
   auto t0 = clock::now();
-  auto last = pl.wait(asio::co_spawn(pl.a(), ask_queries(s, n), asio::use_future));
+  auto asks = how == ask_timeout::deadline        ? ask_queries_with_timeout(s, n)
+              : how == ask_timeout::timer_per_ask ? ask_queries_timer_per_ask(s, n)
+                                                  : ask_queries(s, n);
+  auto last = pl.wait(asio::co_spawn(pl.a(), std::move(asks), asio::use_future));
   double t = bench::seconds_since(t0);
   if (last != n) die("actor answered " + std::to_string(last) + " of " + std::to_string(n));
   return t;
@@ -377,11 +418,20 @@ void race_place(Make make) {
            with([](Place& pl, auto n) { return raw_ask_pair(pl, n); })},
           {"ask_" + p + "_raw_channel_per_request",
            with([](Place& pl, auto n) { return raw_ask_per_request(pl, n); })},
+          {"ask_" + p + "_actor_with_timeout", with([](Place& pl, auto n) {
+             return actor_ask<sync_sink>(pl, n, ask_timeout::deadline);
+           })},
+          {"ask_" + p + "_actor_with_timer_per_ask", with([](Place& pl, auto n) {
+             return actor_ask<sync_sink>(pl, n, ask_timeout::timer_per_ask);
+           })},
       },
       "round_trips/s");
   bench::emit(k_bench, "ask_" + p + "_ratio", ask[0] / ask[2], "actor/raw");
   bench::emit(k_bench, "ask_" + p + "_ratio_coroutine_handler", ask[1] / ask[2], "actor/raw");
   bench::emit(k_bench, "ask_" + p + "_ratio_vs_per_request", ask[0] / ask[3], "actor/raw");
+  // Time per ask with a timeout over time per ask without one (the target: at most 1.5).
+  bench::emit(k_bench, "ask_" + p + "_timeout_cost", ask[0] / ask[4], "with/without");
+  bench::emit(k_bench, "ask_" + p + "_timer_per_ask_cost", ask[0] / ask[5], "with/without");
 }
 
 // ---- idle actors ----------------------------------------------------------

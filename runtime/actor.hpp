@@ -31,6 +31,7 @@
 #include <variant>
 #include <vector>
 
+#include "tether/runtime/deadlines.hpp"
 #include "tether/runtime/error.hpp"
 #include "tether/runtime/one_shot.hpp"
 
@@ -164,18 +165,16 @@ class actor : public std::enable_shared_from_this<Derived> {
     m.reply = reply_to<R>(st);
     Msg msg(std::move(m));
     if (auto r = tell(std::move(msg)); !r) co_return r.error();
-    std::optional<asio::steady_timer> timer;
-    if (timeout.count() > 0) {
-      timer.emplace(co_await asio::this_coro::executor, timeout);
-      std::weak_ptr<one_shot<result<R>>> weak = st;
-      timer->async_wait([weak, n = name(), timeout](boost::system::error_code ec) {
-        if (ec) return;
-        if (auto s = weak.lock())
-          s->set(error{errc::timeout, "ask to actor '" + n + "' got no reply within " +
-                                          std::to_string(timeout.count()) + " ms"});
-      });
-    }
+    if (timeout.count() <= 0) co_return co_await st->async_wait(asio::use_awaitable);
+    // The deadline is an entry on the process's deadline thread
+    // (runtime/deadlines.hpp), removed when the reply comes first; it keeps
+    // the asker's executor's work counted meanwhile, as a timer did.
+    auto ex = co_await asio::this_coro::executor;
+    deadlines::entry e{st, &expire_ask<R>, name(), timeout,
+                       asio::prefer(ex, asio::execution::outstanding_work.tracked)};
+    auto ticket = deadlines::instance().arm(std::move(e));
     auto r = co_await st->async_wait(asio::use_awaitable);
+    deadlines::instance().remove(ticket);
     co_return r;
   }
 
@@ -208,6 +207,13 @@ class actor : public std::enable_shared_from_this<Derived> {
  private:
   static constexpr bool async_handler =
       !std::is_void_v<decltype(std::declval<Derived&>().handle(std::declval<Msg&>()))>;
+
+  template <class R>
+  static void expire_ask(void* target, const std::string& name, std::chrono::milliseconds after) {
+    static_cast<one_shot<result<R>>*>(target)->set(
+        error{errc::timeout, "ask to actor '" + name + "' got no reply within " +
+                                 std::to_string(after.count()) + " ms"});
+  }
 
   void schedule() {
     auto self = this->shared_from_this();

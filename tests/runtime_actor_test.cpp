@@ -1,5 +1,7 @@
 // The actor runtime: tell, ask, timeouts, stop, supervision, executors.
 #include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_future.hpp>
 #include <thread>
 
 #include "catch_result.hpp"
@@ -105,6 +107,70 @@ TEST_CASE("an ask with no reply in time fails with timeout and the actor keeps w
     CHECK(*g == 0);
   };
   run_to_completion(io, body(c));
+}
+
+TEST_CASE(
+    "asks with timeouts share one deadline thread: the earliest fires first, the asker's context "
+    "runs until then, and an answered ask leaves no deadline behind") {
+  asio::io_context io;
+  auto c = std::make_shared<counter>(io.get_executor(), actor_options{"held"});
+  auto order = std::make_shared<std::vector<std::string>>();
+  auto gate = one_shot<int>::make();  // opened once both asks timed out
+  auto held = [](std::shared_ptr<counter> c, std::chrono::milliseconds t, std::string tag,
+                 std::shared_ptr<std::vector<std::string>> order,
+                 std::shared_ptr<one_shot<int>> gate) -> awaitable<void> {
+    hold h{{}, one_shot<int>::make(), gate};
+    auto r = co_await c->ask(std::move(h), t);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == errc::timeout);
+    CHECK(r.error().message.find(std::to_string(t.count()) + " ms") != std::string::npos);
+    order->push_back(tag);
+    if (order->size() == 2) gate->set(1);
+  };
+  auto body = [&]() -> awaitable<void> {
+    // An answered ask removes its entry at once.
+    auto g = co_await ask_get(c, std::chrono::hours(1));
+    REQUIRE(g);
+    CHECK(deadlines::instance().pending() == 0);
+    // The first handler holds the mailbox, so the second ask is not answered
+    // either. The later-armed, earlier deadline fires first, however late
+    // the thread wakes: due entries fire in deadline order.
+    auto a = held(c, std::chrono::milliseconds(200), "200", order, gate);
+    auto b = held(c, std::chrono::milliseconds(1), "1", order, gate);
+    asio::co_spawn(io, std::move(a), asio::detached);
+    asio::co_spawn(io, std::move(b), asio::detached);
+    co_return;
+  };
+  run_to_completion(io, body());
+  // Nothing but the two deadlines keeps this context's work counted: run()
+  // returns only once both fired and the handlers went through the gate.
+  io.restart();
+  io.run();
+  REQUIRE(order->size() == 2);
+  CHECK((*order)[0] == "1");
+  CHECK((*order)[1] == "200");
+  CHECK(deadlines::instance().pending() == 0);
+}
+
+TEST_CASE("an ask with a timeout from a thread_pool executor times out too") {
+  executor_pool actors(1);
+  asio::thread_pool pool(1);
+  auto c = std::make_shared<counter>(actors.at(0), actor_options{"far"});
+  auto gate = one_shot<int>::make();  // opened once the held ask timed out
+  auto body = [](std::shared_ptr<counter> c,
+                 std::shared_ptr<one_shot<int>> gate) -> awaitable<int> {
+    auto g = co_await ask_get(c, std::chrono::hours(1));
+    REQUIRE(g);
+    hold h{{}, one_shot<int>::make(), gate};  // not answered in time
+    auto r = co_await c->ask(std::move(h), std::chrono::milliseconds(1));
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == errc::timeout);
+    co_return *g;
+  };
+  auto f = asio::co_spawn(pool, body(c, gate), asio::use_future);
+  CHECK(f.get() == 0);
+  gate->set(1);  // the held handler finishes
+  pool.join();
 }
 
 TEST_CASE("a cancelled ask completes with cancelled") {
