@@ -234,14 +234,16 @@ job_queue::thread_view job_queue::live_view(const protocol::session_id& thread) 
 
 bool job_queue::turn_has_live_jobs(const protocol::session_id& thread,
                                    const protocol::turn_id& turn) {
-  for (auto& row : *live_view(thread))
+  auto rows = live_view(thread);  // named: a temporary would die before the loop
+  for (auto& row : *rows)
     if (row.scope.turn == turn) return true;
   return false;
 }
 
 std::vector<protocol::running_item> job_queue::running(const protocol::session_id& thread) {
   std::vector<protocol::running_item> out;
-  for (auto& row : *live_view(thread))
+  auto rows = live_view(thread);  // named: a temporary would die before the loop
+  for (auto& row : *rows)
     if (!persistence::is_terminal(row.state)) out.push_back({"shell", row.id.str(), row.preview});
   return out;
 }
@@ -511,7 +513,8 @@ awaitable<result<job_view>> job_queue::cancel_on(owner_scope caller, job_id job,
 
 awaitable<result<int>> job_queue::stop_turn(owner_scope turn) {
   std::vector<std::pair<job_id, owner_scope>> mine;
-  for (auto& row : *live_view(turn.thread))
+  auto rows = live_view(turn.thread);  // named: a temporary would die before the loop
+  for (auto& row : *rows)
     if (turn.owns(row.scope)) mine.emplace_back(row.id, turn);
   co_return co_await cancel_each(std::move(mine));
 }
@@ -519,7 +522,8 @@ awaitable<result<int>> job_queue::stop_turn(owner_scope turn) {
 awaitable<result<int>> job_queue::stop_thread(protocol::tenant_id tenant,
                                               protocol::session_id thread) {
   std::vector<std::pair<job_id, owner_scope>> mine;
-  for (auto& row : *live_view(thread))
+  auto rows = live_view(thread);  // named: a temporary would die before the loop
+  for (auto& row : *rows)
     if (row.scope.tenant == tenant) mine.emplace_back(row.id, row.scope);
   co_return co_await cancel_each(std::move(mine));
 }

@@ -217,7 +217,9 @@ class job_queue {
   /// Publishes `thread`'s live rows afresh (only that thread's: a change
   /// costs the jobs of its thread, not every live job).
   void publish_live(const protocol::session_id& thread);
-  /// The live rows of one thread (never null).
+  /// The live rows of one thread (never null). Keep the pointer in a named
+  /// local while reading the rows: `for (auto& r : *live_view(t))` lets the
+  /// temporary go at once, and a concurrent change may free the rows.
   thread_view live_view(const protocol::session_id& thread) const;
   void bump();
   void busy(int delta);

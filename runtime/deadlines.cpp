@@ -61,7 +61,7 @@ void deadlines::loop() {
     // Until the earliest entry; with none, until the wake already planned
     // (so that the next arm of the same timeout need not wake the thread),
     // or until told.
-    auto next = !entries_.empty()        ? entries_.begin()->first.first
+    auto next = !entries_.empty()       ? entries_.begin()->first.first
                 : sleeping_until_ > now ? sleeping_until_
                                         : clock::time_point::max();
     sleeping_until_ = next;

@@ -35,8 +35,8 @@ class deadlines {
   /// What fires: `expire(target, name, after)` with the target still alive.
   struct entry {
     std::weak_ptr<void> target;
-    void (*expire)(void* target, const std::string& name, std::chrono::milliseconds after) =
-        nullptr;
+    void (*expire)(void* target, const std::string& name,
+                   std::chrono::milliseconds after) = nullptr;
     std::string name;
     std::chrono::milliseconds after{};
     boost::asio::any_io_executor work;  // held until the entry fires or is removed
