@@ -253,7 +253,7 @@ void job::on(job_msg::end&) {
   if (ended_) return;
   ended_ = true;
   // The queue forgets it before its waiters look again.
-  job_note::ended n{id_};
+  job_note::ended n{id_, row_.scope.thread};
   svc_->tell_queue(std::move(n));
   release_waiters();
 }

@@ -68,6 +68,7 @@ struct changed {
 /// It is no longer live here (handed over, or left for the next boot).
 struct ended {
   job_id id;
+  protocol::session_id thread;  // its owner scope's, where the queue's live view keeps it
 };
 }  // namespace job_note
 using job_note_t = std::variant<job_note::changed, job_note::ended>;

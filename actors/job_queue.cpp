@@ -176,7 +176,6 @@ std::shared_ptr<job> job_queue::add_live(owned_job j) {
   auto id = j.id;
   auto thread = j.scope.thread;
   index_[thread][id] = j;
-  thread_of_[id] = thread;
   auto jb = std::make_shared<job>(ex_, services_, std::move(j), resumed_);
   jobs_[id] = jb;
   publish_live(thread);
@@ -187,24 +186,17 @@ std::shared_ptr<job> job_queue::add_live(owned_job j) {
 
 void job_queue::on_job_note(job_note_t n) {
   if (auto* c = std::get_if<job_note::changed>(&n)) {
-    auto t = thread_of_.find(c->row.id);
-    if (t == thread_of_.end()) return;
-    auto thread = t->second;  // a job's scope never changes
+    if (!jobs_.count(c->row.id)) return;
+    auto thread = c->row.scope.thread;  // a job's scope never changes
     index_[thread][c->row.id] = std::move(c->row);
     publish_live(thread);
   } else if (auto* e = std::get_if<job_note::ended>(&n)) {
     if (!jobs_.erase(e->id)) return;
-    auto t = thread_of_.find(e->id);
-    if (t != thread_of_.end()) {
-      auto thread = t->second;
-      thread_of_.erase(t);
-      auto rows = index_.find(thread);
-      if (rows != index_.end()) {
-        rows->second.erase(e->id);
-        if (rows->second.empty()) index_.erase(rows);
-      }
-      publish_live(thread);
+    if (auto rows = index_.find(e->thread); rows != index_.end()) {
+      rows->second.erase(e->id);
+      if (rows->second.empty()) index_.erase(rows);
     }
+    publish_live(e->thread);
     bump();
     busy(-1);
   }

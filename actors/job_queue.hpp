@@ -238,7 +238,6 @@ class job_queue {
   std::map<job_id, std::shared_ptr<job>> jobs_;   // live jobs (executor only)
   // Their rows, as their messages reported them, by thread (executor only).
   std::map<protocol::session_id, live_map> index_;
-  std::map<job_id, protocol::session_id> thread_of_;  // (executor only)
   // Boot's phases resumed the sessions (executor only): a job made now is
   // told so at construction, a live one by message when it changes.
   bool resumed_ = true;

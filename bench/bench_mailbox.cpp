@@ -9,7 +9,7 @@
 //         (the channel's capacity; the actor's sender waits on a mark told
 //         after every half window).
 //   ask:  a coroutine makes n round trips one after the other; also with a
-//         30 s timeout (the io_context's deadline service), and with the
+//         30 s timeout (the process's deadline thread), and with the
 //         steady_timer per ask that timeouts cost before it ("timeout_cost":
 //         time per ask with a timeout over time per ask without).
 //   one executor: everything on one io_context run by this thread.
@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <functional>
 #include <future>
+#include <optional>
 
 #include "support.hpp"
 #include "tether/runtime/actor.hpp"
@@ -129,44 +130,28 @@ awaitable<std::uint64_t> ask_tally(std::shared_ptr<Sink> s) {
   co_return *r;
 }
 
-template <class Sink>
-awaitable<std::uint64_t> ask_queries(std::shared_ptr<Sink> s, std::uint64_t n) {
-  std::uint64_t last = 0;
-  for (std::uint64_t i = 0; i < n; ++i) {
-    query q;
-    auto r = co_await s->ask(std::move(q));
-    if (!r) die("ask failed: " + r.error().message);
-    last = *r;
-  }
-  co_return last;
-}
-
-// With a timeout far longer than the run: the deadline is armed and removed
-// on every ask (runtime/deadlines.hpp).
-template <class Sink>
-awaitable<std::uint64_t> ask_queries_with_timeout(std::shared_ptr<Sink> s, std::uint64_t n) {
-  std::uint64_t last = 0;
-  for (std::uint64_t i = 0; i < n; ++i) {
-    query q;
-    auto r = co_await s->ask(std::move(q), std::chrono::seconds(30));
-    if (!r) die("ask failed: " + r.error().message);
-    last = *r;
-  }
-  co_return last;
-}
-
-// What an ask's timeout cost before the deadline service: a steady_timer per
-// ask, armed before it and cancelled after the reply (the cancel posts the
+// How an ask is timed: no timeout; a 30 s timeout, far longer than the run,
+// so its deadline is armed and removed on every ask (runtime/deadlines.hpp);
+// or what a timeout cost before the deadline thread, a steady_timer per ask,
+// armed before it and cancelled after the reply (the cancel posts the
 // aborted wait).
+enum class ask_timeout { none, deadline, timer_per_ask };
+
 template <class Sink>
-awaitable<std::uint64_t> ask_queries_timer_per_ask(std::shared_ptr<Sink> s, std::uint64_t n) {
+awaitable<std::uint64_t> ask_queries(std::shared_ptr<Sink> s, std::uint64_t n,
+                                     ask_timeout how = ask_timeout::none) {
   auto ex = co_await asio::this_coro::executor;
+  auto timeout = how == ask_timeout::deadline ? std::chrono::milliseconds(30000)
+                                              : std::chrono::milliseconds(0);
   std::uint64_t last = 0;
   for (std::uint64_t i = 0; i < n; ++i) {
-    asio::steady_timer t(ex, std::chrono::seconds(30));
-    t.async_wait([](error_code) {});
+    std::optional<asio::steady_timer> t;
+    if (how == ask_timeout::timer_per_ask) {
+      t.emplace(ex, std::chrono::seconds(30));
+      t->async_wait([](error_code) {});
+    }
     query q;
-    auto r = co_await s->ask(std::move(q));
+    auto r = co_await s->ask(std::move(q), timeout);
     if (!r) die("ask failed: " + r.error().message);
     last = *r;
   }
@@ -321,15 +306,11 @@ double raw_tell(Place& pl, std::uint64_t n) {
   return t;
 }
 
-enum class ask_timeout { none, deadline, timer_per_ask };
-
 template <class Sink, class Place>
 double actor_ask(Place& pl, std::uint64_t n, ask_timeout how = ask_timeout::none) {
   auto s = std::make_shared<Sink>(pl.b(), actor_options{"sink"});
   auto t0 = clock::now();
-  auto asks = how == ask_timeout::deadline        ? ask_queries_with_timeout(s, n)
-              : how == ask_timeout::timer_per_ask ? ask_queries_timer_per_ask(s, n)
-                                                  : ask_queries(s, n);
+  auto asks = ask_queries(s, n, how);
   auto last = pl.wait(asio::co_spawn(pl.a(), std::move(asks), asio::use_future));
   double t = bench::seconds_since(t0);
   if (last != n) die("actor answered " + std::to_string(last) + " of " + std::to_string(n));
