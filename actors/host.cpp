@@ -19,6 +19,35 @@ namespace tether::actors {
 using persistence::job_row;
 using persistence::job_status;
 
+namespace {
+
+// The named agent in a fresh top-level session of the caller's tenant,
+// prompted once; its last answer is the output. A cancel interrupts it.
+delegate_runner default_delegate_runner(host& h) {
+  return [&h](delegate_call c, job_id id) -> awaitable<result<std::string>> {
+    auto s = co_await h.create_session("delegated task " + id.str(), session_id("s_" + id.str()),
+                                       c.agent, c.caller.tenant);
+    if (!s) co_return s.error();
+    auto p = co_await h.prompt(*s, c.prompt);
+    if (!p) co_return p.error();
+    try {
+      auto idle = co_await h.wait_idle(*s);
+      if (!idle) co_return idle.error();
+    } catch (const boost::system::system_error&) {
+      h.interrupt(*s);  // cancelled: the child is interrupted too
+      throw;
+    }
+    auto& store = h.store();
+    auto read = [&store, s = *s, after = *p] { return store.last_assistant_after(s, after); };
+    auto last = co_await store.offload(std::move(read));
+    if (!last) co_return last.error();
+    if (!*last) co_return error{errc::failed, "agent '" + c.agent + "' gave no answer"};
+    co_return (*last)->text;
+  };
+}
+
+}  // namespace
+
 result<std::unique_ptr<host>> host::open(host_options opts) {
   if (!opts.agents)
     return error{errc::invalid, "host_options.agents is empty: a host needs an agent factory"};
@@ -48,6 +77,16 @@ result<std::unique_ptr<host>> host::open(host_options opts) {
   h->store_ = std::make_unique<persistence::task_store>(*h->writer_, opts.db_path);
   h->delivery_ = std::make_unique<actors::delivery>(*h, *h->store_);
   h->jobs_ = std::make_unique<job_queue>(h->pool_->at(0), *h, *h->store_, opts.jobs);
+  auto* hp = h.get();
+  auto runner = opts.run_delegate ? opts.run_delegate : default_delegate_runner(*hp);
+  auto deliver = [hp](persistence::receipt r) -> awaitable<void> {
+    auto id = r.id;
+    auto d = co_await hp->delivery_->deliver(notice_batch(std::move(r), false));
+    if (!d) hp->warn("delegate receipt " + id.str() + " was kept pending: " + d.error().message);
+  };
+  h->delegates_ = std::make_shared<actors::delegates>(h->pool_->at(0), *h->store_, opts.delegation,
+                                                      std::move(runner), std::move(deliver),
+                                                      [hp](const std::string& w) { hp->warn(w); });
   return h;
 }
 
@@ -352,10 +391,11 @@ awaitable<void> host::resend_notices(boot_report& rep) {
     if (!pending) return pending.error();
     std::vector<persistence::receipt> notices;
     for (auto& r : *pending) {
-      // A subagent task's receipt is an owed report, delivered with its row.
-      auto task = receipts.job(r.job);
-      if (!task) return task.error();
-      if (*task) notices.push_back(std::move(r));
+      // A subagent task's receipt is an owed report, delivered with its row;
+      // every other kind's (a shell's, a delegate's) is a notice.
+      auto kind = receipts.task_kind(r.job);
+      if (!kind) return kind.error();
+      if (!kind->empty() && *kind != "subagent") notices.push_back(std::move(r));
     }
     return notices;
   };
@@ -455,6 +495,12 @@ awaitable<result<boot_report>> host::boot() {
   if (!recovered) co_return recovered.error();
   rep.jobs = std::move(*recovered);
   TETHER_CRASH_POINT("boot.recover.after_jobs");
+  // Delegated tasks a dead owner left: intents settled, then lost or timed
+  // out rows; their receipts go out with the other notices just below.
+  auto settled = co_await delegates_->recover(false);
+  if (!settled)
+    co_return error{settled.error().code, "refusing to boot: " + settled.error().message};
+  rep.delegation = std::move(*settled);
   // Phase 1, first half: every pending notice (an owned job's receipt,
   // those of jobs that ended while the host was down included) is resent
   // through the one delivery path, waking nobody; the owed reports follow
@@ -621,6 +667,8 @@ awaitable<result<boot_report>> host::boot() {
   // busy period it begins would look like a crashed claim to phase 3, which
   // would release it (and a crash before its settle would lose its report).
   jobs_->sessions_resumed();
+  // The delegates' heartbeat and their periodic recovery from now on.
+  delegates_->start();
   // Retention last: nothing it deletes is owed, so nothing above needs it.
   auto expired = co_await expire_tasks();
   if (expired && opts_.on_retention_sweep) opts_.on_retention_sweep(*expired);
@@ -689,6 +737,15 @@ void host::shutdown() {
       runtime::sync_wait(pool_->at(0), stop_sweeps());
     } catch (const std::exception& e) {
       warn(std::string("shutdown: retention sweep: ") + e.what());
+    }
+  }
+  // Delegated tasks: their workers are interrupted, their rows stay running
+  // for the next boot's recovery.
+  if (delegates_) {
+    try {
+      runtime::sync_wait(pool_->at(0), delegates_->shutdown());
+    } catch (const std::exception& e) {
+      warn(std::string("shutdown: delegated tasks: ") + e.what());
     }
   }
   // The queue next: its coroutines finish (their connections closed) while

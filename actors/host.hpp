@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "tether/actors/agent.hpp"
+#include "tether/actors/delegates.hpp"
 #include "tether/actors/delivery.hpp"
 #include "tether/actors/directory.hpp"
 #include "tether/actors/job_queue.hpp"
@@ -91,19 +92,26 @@ struct host_options {
   /// Instrumentation (tests): called after each retention sweep, at boot
   /// and periodically, with how many tasks it deleted. Keep it short.
   std::function<void(int)> on_retention_sweep;
+  /// Delegated tasks (docs/delegation.md): limits, lease, recovery period.
+  delegate_options delegation;
+  /// What runs a delegated task. Default: the named agent in a fresh
+  /// top-level session of the caller's tenant, prompted once; its last answer
+  /// is the output.
+  delegate_runner run_delegate;
   /// Where warnings go (boot: id conflicts, cleared rows). Default: stderr.
   std::function<void(const std::string&)> log;
 };
 
 struct boot_report {
-  int delivered = 0;         // terminal rows delivered in phase 1 (repeats dropped included)
-  int cleared = 0;           // rows cleared: deleted parent or silent child
-  int kept = 0;              // rows kept after a conflict
-  int exhausted = 0;         // running rows whose child ran out of resumes
-  int resumed_top = 0;       // phase 2
-  int resumed_children = 0;  // phase 3
-  int expired = 0;           // finished tasks past options().task_retention, deleted
-  recovery_report jobs;      // owned jobs: reattached, settled while down, lost, receipts resent
+  delegate_recovery delegation;  // what the delegate recovery pass settled
+  int delivered = 0;             // terminal rows delivered in phase 1 (repeats dropped included)
+  int cleared = 0;               // rows cleared: deleted parent or silent child
+  int kept = 0;                  // rows kept after a conflict
+  int exhausted = 0;             // running rows whose child ran out of resumes
+  int resumed_top = 0;           // phase 2
+  int resumed_children = 0;      // phase 3
+  int expired = 0;               // finished tasks past options().task_retention, deleted
+  recovery_report jobs;  // owned jobs: reattached, settled while down, lost, receipts resent
   std::vector<std::string> warnings;
 };
 
@@ -164,6 +172,8 @@ class host {
   persistence::task_store& store() { return *store_; }
   /// The one queue that owns every background job's lifecycle.
   job_queue& jobs() { return *jobs_; }
+  /// The registry of delegated tasks (start, run, result, wait, list, cancel).
+  actors::delegates& delegation() { return *delegates_; }
   /// The scope of `s`'s current (or last) turn, as the runtime supplies it to
   /// a job launched on its behalf.
   result<owner_scope> scope_of(const session_id& s);
@@ -232,6 +242,7 @@ class host {
   std::unique_ptr<persistence::task_store> store_;
   std::unique_ptr<actors::delivery> delivery_;
   std::unique_ptr<job_queue> jobs_;
+  std::shared_ptr<actors::delegates> delegates_;
 
   std::mutex m_;
   std::map<session_id, std::shared_ptr<session>> sessions_;

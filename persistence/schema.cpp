@@ -281,6 +281,26 @@ ALTER TABLE receipts_v6 RENAME TO receipts;
 CREATE INDEX receipts_pending ON receipts(created_at, id) WHERE state = 'pending';
 CREATE INDEX receipts_task ON receipts(task_id);
 )sql",
+      // 8: delegated tasks (docs/delegation.md). A task records the process
+      // that owns it (`owner`: pid, its start time, the boot id and a
+      // process nonce) and, while running, a heartbeat lease. A settlement
+      // intent is written before a terminal artifact is published and
+      // deleted by the transaction that promotes it: recovery finds the
+      // ones a crash left and finishes or fails them.
+      R"sql(
+ALTER TABLE tasks ADD COLUMN owner TEXT;
+ALTER TABLE tasks ADD COLUMN lease_until INTEGER;
+CREATE TABLE IF NOT EXISTS settlement_intents (
+  task_id     TEXT PRIMARY KEY,
+  owner       TEXT NOT NULL,
+  state       TEXT NOT NULL,
+  artifact    TEXT,
+  digest      TEXT,
+  error       TEXT,
+  bytes       INTEGER NOT NULL DEFAULT 0,
+  created_at  INTEGER NOT NULL
+) WITHOUT ROWID;
+)sql",
   };
   return steps;
 }

@@ -159,6 +159,50 @@ struct history_task {
   std::int64_t created_at = 0;
 };
 
+// ---- delegated tasks (docs/delegation.md) ----
+
+enum class delegate_state { running, completed, failed, cancelled, lost, timed_out };
+std::string_view to_string(delegate_state s);
+bool parse(std::string_view s, delegate_state& out);
+
+/// A delegated task's row: the single authority for its lifecycle.
+struct delegate_task {
+  job_id id;
+  owner_scope scope;      // the originator: its tenant, session (thread) and turn
+  std::string agent;      // the agent that runs it
+  std::string preview;    // the scrubbed, bounded prompt
+  std::string workspace;  // the directory its artifact goes into
+  int depth = 1;
+  std::string owner;             // the owning process (runtime::to_string(process_identity))
+  std::int64_t lease_until = 0;  // ms since the epoch; a heartbeat moves it on
+  delegate_state state = delegate_state::running;
+  // Once terminal: the artifact's reference and digest (never its content)
+  // and the error of a task that did not complete.
+  std::optional<std::string> artifact, digest, error;
+  std::int64_t bytes = 0;
+  std::int64_t created_at = 0, updated_at = 0;
+};
+
+/// What a settlement is about to publish, persisted before the artifact's
+/// bytes are written.
+struct settlement_intent {
+  job_id task;
+  std::string owner;  // must still be the task's owner when it is promoted
+  delegate_state state = delegate_state::completed;  // completed or failed
+  std::string artifact;  // the artifact's path ("" for a failure without one)
+  std::string digest;    // "sha256:<hex>" of its exact bytes
+  std::string error;     // the terminal error of a failure
+  std::int64_t bytes = 0;
+  std::int64_t created_at = 0;
+};
+
+/// How a promotion ended.
+struct promotion {
+  bool promoted = false;               // the intent's state was recorded
+  std::optional<receipt> terminal;     // its pending receipt, if promoted
+  std::optional<delegate_state> kept;  // not promoted: the state that won first
+};
+
 /// The reads of the store, through read-only connections that never wait on
 /// the writer. On its own it serves tools like `tether inspect`, and never
 /// creates, migrates or writes the file; check_readable() it first.
@@ -205,6 +249,16 @@ class task_reader {
   result<std::vector<receipt>> receipts_of(const job_id& job);
   /// The generation this host is bound to for `sandbox`, if any.
   result<std::optional<std::uint64_t>> bound_generation(const protocol::sandbox_id& sandbox);
+
+  // Delegated tasks.
+
+  result<std::optional<delegate_task>> delegate(const job_id& id);
+  /// Every delegated task, oldest first.
+  result<std::vector<delegate_task>> delegates();
+  /// Every settlement intent left unpromoted, oldest first.
+  result<std::vector<settlement_intent>> settlement_intents();
+  /// The kind of a task ("" if there is none).
+  result<std::string> task_kind(const job_id& id);
 
   /// Runs `fn` (which calls the reads above) on the read threads and resumes
   /// the caller on its executor: how an actor reads (reader_pool::offload).
@@ -318,6 +372,32 @@ class task_store : public task_reader {
   awaitable<result<bool>> mark_read(event_id id);
   /// pending → dropped, for receipts refused on reload.
   awaitable<result<int>> drop(std::vector<event_id> ids);
+
+  // --- delegated tasks (docs/delegation.md) ---
+  /// Registers a running delegate (its owner and first lease); an existing
+  /// id is refused (errc::conflict) and nothing is written.
+  awaitable<result<void>> admit_delegate(delegate_task t);
+  /// Moves a running task's lease on, if `owner` still owns it.
+  awaitable<result<bool>> heartbeat_delegate(job_id id, std::string owner,
+                                             std::int64_t lease_until);
+  /// Persists the intent, if the task is running and owned by the intent's
+  /// owner; false (nothing written) otherwise.
+  awaitable<result<bool>> write_intent(settlement_intent i);
+  /// One transaction: the intent's task, still running and still owned by
+  /// the intent's owner, takes the intent's state, artifact and digest,
+  /// with its terminal receipt (`receipt_body`); the intent is deleted. A
+  /// task that reached another terminal state first keeps it, and the stale
+  /// intent is deleted. errc::not_found if there is no intent.
+  awaitable<result<promotion>> promote_intent(job_id id, std::string receipt_body);
+  /// The terminal compare-and-set without an artifact (failed, cancelled,
+  /// lost, timed_out), owner-matched when `owner` is set; any intent of the
+  /// task goes with it. nullopt (nothing written) if it was not running.
+  awaitable<result<std::optional<receipt>>> settle_delegate(job_id id,
+                                                            std::optional<std::string> owner,
+                                                            delegate_state terminal,
+                                                            std::string error,
+                                                            std::string receipt_body);
+
   /// Records the sandbox generation this host is bound to.
   awaitable<result<void>> bind_sandbox(protocol::sandbox_id sandbox, std::uint64_t generation);
 

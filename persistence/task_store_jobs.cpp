@@ -152,32 +152,6 @@ result<receipt> decode_receipt(SQLite::Statement& q) {
   return r;
 }
 
-template <class T, class Decode>
-result<std::vector<T>> read_all(reader_pool& readers, const std::string& sql, std::string_view what,
-                                const std::vector<std::string>& binds, Decode decode) {
-  try {
-    auto c = readers.acquire();
-    auto& q = c.statement(sql);
-    for (std::size_t i = 0; i < binds.size(); ++i) q.bind(static_cast<int>(i + 1), binds[i]);
-    std::vector<T> out;
-    while (q.executeStep()) {
-      auto r = decode(q);
-      if (!r) return r.error();
-      out.push_back(std::move(*r));
-    }
-    return out;
-  } catch (const std::exception& e) {
-    return read_error(what, e);
-  }
-}
-
-template <class T>
-result<std::optional<T>> first_of(result<std::vector<T>> all) {
-  if (!all) return all.error();
-  if (all->empty()) return std::optional<T>{};
-  return std::optional<T>(std::move(all->front()));
-}
-
 // Moves a pending receipt to `to`; true if it was pending.
 result<bool> settle_receipt(SQLite::Database& db, const event_id& id, receipt_state to) {
   auto& st = cached_statement(

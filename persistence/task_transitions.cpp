@@ -65,11 +65,18 @@ std::int64_t insert_receipt_row(SQLite::Database& db, const protocol::job_id& ta
 }
 
 std::optional<terminal_written> terminal_transition(SQLite::Database& db, const terminal_write& w) {
-  auto& up = cached_statement(db,
-                              "UPDATE tasks SET state = ?, body = coalesce(?, body), "
-                              "completion = coalesce(?, completion), updated_at = ? "
-                              "WHERE id = ? AND kind = ? AND state IN ('admitted','running') "
-                              "RETURNING coalesce(scope, ''), parent_id");
+  auto& up = w.owner ? cached_statement(db,
+                                        "UPDATE tasks SET state = ?, body = coalesce(?, body), "
+                                        "completion = coalesce(?, completion), updated_at = ? "
+                                        "WHERE id = ? AND kind = ? AND state IN "
+                                        "('admitted','running') AND owner = ? "
+                                        "RETURNING coalesce(scope, ''), parent_id")
+                     : cached_statement(db,
+                                        "UPDATE tasks SET state = ?, body = coalesce(?, body), "
+                                        "completion = coalesce(?, completion), updated_at = ? "
+                                        "WHERE id = ? AND kind = ? AND state IN "
+                                        "('admitted','running') "
+                                        "RETURNING coalesce(scope, ''), parent_id");
   up.bind(1, w.state);
   if (w.body)
     up.bind(2, *w.body);
@@ -82,6 +89,7 @@ std::optional<terminal_written> terminal_transition(SQLite::Database& db, const 
   up.bind(4, now_ms());
   up.bind(5, w.task.str());
   up.bind(6, std::string(w.kind));
+  if (w.owner) up.bind(7, *w.owner);
   if (!up.executeStep()) {
     up.reset();
     return std::nullopt;  // not live: the first terminal transition won already

@@ -8,12 +8,44 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "tether/persistence/database.hpp"
 #include "tether/protocol/ids.hpp"
 #include "tether/protocol/notice.hpp"
 #include "tether/protocol/scope.hpp"
 
 namespace tether::persistence {
+
+/// Runs `sql` on a read connection with `binds`, decoding every row; the
+/// first row that does not decode is the error (never skipped).
+template <class T, class Decode>
+inline result<std::vector<T>> read_all(reader_pool& readers, const std::string& sql,
+                                       std::string_view what, const std::vector<std::string>& binds,
+                                       Decode decode) {
+  try {
+    auto c = readers.acquire();
+    auto& q = c.statement(sql);
+    for (std::size_t i = 0; i < binds.size(); ++i) q.bind(static_cast<int>(i + 1), binds[i]);
+    std::vector<T> out;
+    while (q.executeStep()) {
+      auto r = decode(q);
+      if (!r) return r.error();
+      out.push_back(std::move(*r));
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return read_error(what, e);
+  }
+}
+
+/// The first row, if any.
+template <class T>
+inline result<std::optional<T>> first_of(result<std::vector<T>> all) {
+  if (!all) return all.error();
+  if (all->empty()) return std::optional<T>{};
+  return std::optional<T>(std::move(all->front()));
+}
 
 /// One task's terminal transition and its receipt.
 struct terminal_write {
@@ -25,6 +57,9 @@ struct terminal_write {
   std::optional<std::string> completion;       // the completion's JSON (shell), if any
   std::string receipt_body;                    // what the owner reads
   std::string_view receipt_state = "pending";  // "dropped": nobody is owed it (a silenced link)
+  /// Set: the transition also requires the task's recorded owner process to
+  /// be this one (a delegate's settlement by the process that runs it).
+  std::optional<std::string> owner;
 };
 
 struct terminal_written {

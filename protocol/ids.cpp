@@ -19,13 +19,15 @@ std::string_view to_string(transition t) {
       return "cancelled";
     case transition::lost:
       return "lost";
+    case transition::timed_out:
+      return "timed_out";
   }
   return "unknown";
 }
 
 bool parse(std::string_view s, transition& out) {
   for (auto t : {transition::started, transition::completed, transition::failed,
-                 transition::cancelled, transition::lost})
+                 transition::cancelled, transition::lost, transition::timed_out})
     if (s == to_string(t)) {
       out = t;
       return true;

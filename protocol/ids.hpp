@@ -37,7 +37,7 @@ using turn_id = id<struct turn_tag>;
 using sandbox_id = id<struct sandbox_tag>;
 
 /// Job transitions that yield receipts.
-enum class transition { started, completed, failed, cancelled, lost };
+enum class transition { started, completed, failed, cancelled, lost, timed_out };
 std::string_view to_string(transition t);
 bool parse(std::string_view s, transition& out);
 

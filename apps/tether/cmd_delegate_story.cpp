@@ -1,0 +1,111 @@
+// `tether delegate-story`: one background delegated task end to end, for the
+// delegate crash matrix and as a worked example (docs/delegation.md). A
+// session delegates a task to agent "worker", whose runner answers at once;
+// the task's row, settlement intent, artifact and promotion follow, and its
+// notice reaches the session's transcript.
+//
+//   tether delegate-story --story DIR   run it from the start (exit 0 when done)
+//   tether delegate-story --resume DIR  restart on DIR's database after a crash:
+//                                       boot's recovery settles the task
+//
+// The artifact goes to DIR/workspace/delegates/<task>.json.
+#include <filesystem>
+#include <iostream>
+
+#include "command.hpp"
+#include "tether/actors/host.hpp"
+#include "tether/runtime/sync_wait.hpp"
+
+namespace tether::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using boost::asio::awaitable;
+using protocol::session_id;
+
+constexpr const char* k_origin = "ses_origin";
+
+// The originating session: reads its notices and says nothing else.
+struct quiet_agent : actors::agent {
+  awaitable<void> drain(actors::agent_context&, actors::drain_input) override { co_return; }
+};
+
+struct quiet_factory : actors::agent_factory {
+  std::shared_ptr<actors::agent> make(const persistence::session_row&) override {
+    return std::make_shared<quiet_agent>();
+  }
+};
+
+template <class T>
+T sync(actors::host& h, awaitable<T> a) {
+  return runtime::sync_wait(h.pool().at(0), std::move(a));
+}
+
+int story(const fs::path& dir, bool resume) {
+  fs::create_directories(dir);
+  actors::host_options o;
+  o.create_db = !resume;
+  o.db_path = (dir / "tether.db").string();
+  o.agents = std::make_shared<quiet_factory>();
+  o.jobs.sandbox_dir = (dir / "sandbox").string();
+  o.run_delegate = [](actors::delegate_call c,
+                      protocol::job_id) -> awaitable<result<std::string>> {
+    co_return "findings for: " + c.prompt;
+  };
+  auto h = actors::host::open(o);
+  if (!h) {
+    std::cerr << "tether delegate-story: " << h.error().message << "\n";
+    return 3;
+  }
+  auto boot = sync(**h, (*h)->boot());
+  if (!boot) {
+    std::cerr << "tether delegate-story: " << boot.error().message << "\n";
+    return 3;
+  }
+  if (resume) {
+    auto& d = boot->delegation;
+    std::cout << "recovered: promoted " << d.promoted << ", failed " << d.failed << ", lost "
+              << d.lost << ", timed out " << d.timed_out << ", stale " << d.stale << "\n";
+    sync(**h, (*h)->wait_quiescent(false));
+    (*h)->shutdown();
+    return 0;
+  }
+  auto s = sync(**h, (*h)->create_session("delegate story", session_id(k_origin)));
+  if (!s) {
+    std::cerr << "tether delegate-story: " << s.error().message << "\n";
+    return 4;
+  }
+  actors::delegate_call c;
+  c.caller.tenant = protocol::tenant_id("default");
+  c.caller.thread = *s;
+  c.caller.turn = protocol::turn_id("turn_story");
+  c.agent = "worker";
+  c.prompt = "Summarise the failing tests.";
+  c.workspace = fs::absolute(dir / "workspace");
+  auto id = sync(**h, (*h)->delegation().start_task(c));
+  if (!id) {
+    std::cerr << "tether delegate-story: " << id.error().message << "\n";
+    return 4;
+  }
+  std::cout << "delegated " << id->str() << "\n";
+  sync(**h, (*h)->delegation().worker_ended(*id));
+  sync(**h, (*h)->wait_quiescent(false));
+  (*h)->shutdown();
+  return 0;
+}
+
+int delegate_story(const args& a) {
+  if (a.size() != 2 || (a[0] != "--story" && a[0] != "--resume")) {
+    std::cerr << "usage: tether delegate-story (--story DIR | --resume DIR)\n";
+    return 2;
+  }
+  return story(a[1], a[0] == "--resume");
+}
+
+registrar delegate_story_cmd{{"delegate-story",
+                              "(--story DIR | --resume DIR): one background delegated task end\n"
+                              "                 to end (the delegate crash matrix)",
+                              delegate_story}};
+
+}  // namespace
+}  // namespace tether::cli
