@@ -44,7 +44,9 @@ const std::string& my_identity() {
   return id;
 }
 
-bool is_terminal(delegate_state s) { return s != delegate_state::running; }
+bool is_terminal(delegate_state s) {
+  return s != delegate_state::running;
+}
 
 awaitable<void> pause_for(std::chrono::milliseconds d) {
   asio::steady_timer t(co_await asio::this_coro::executor, d);
@@ -115,7 +117,8 @@ std::string delegates::notice_text(const job_id& id, const std::string& agent, d
                      std::string(persistence::to_string(s)) + "]";
   if (output_or_error.empty()) return head;
   auto body = protocol::utf8_sanitize(output_or_error);
-  if (body.size() > bound) body = std::string(protocol::utf8_prefix(body, bound)) + "...[truncated]";
+  if (body.size() > bound)
+    body = std::string(protocol::utf8_prefix(body, bound)) + "...[truncated]";
   return head + "\n" + body;
 }
 
@@ -207,7 +210,8 @@ awaitable<result<job_id>> delegates::start_task(delegate_call c) {
     co_return error{errc::invalid,
                     "delegate: the caller's scope needs a tenant and a session; nothing was "
                     "started"};
-  if (c.agent.empty()) co_return error{errc::invalid, "delegate: no agent named; nothing was started"};
+  if (c.agent.empty())
+    co_return error{errc::invalid, "delegate: no agent named; nothing was started"};
   if (c.workspace.empty() || !c.workspace.is_absolute())
     co_return error{errc::invalid, "delegate: the workspace '" + c.workspace.string() +
                                        "' is not an absolute path; nothing was started"};
@@ -273,8 +277,8 @@ awaitable<void> delegates::work(std::shared_ptr<delegates> self, delegate_call c
       if (ec) co_return;
       auto why = "ran past its limit of " + std::to_string(self->opts_.run_timeout.count()) + " ms";
       auto body = notice_text(id, agent, delegate_state::timed_out, why, 0);
-      auto won = co_await self->store_.settle_delegate(id, my_identity(),
-                                                       delegate_state::timed_out, why, body);
+      auto won = co_await self->store_.settle_delegate(id, my_identity(), delegate_state::timed_out,
+                                                       why, body);
       if (won && *won) {
         delegate_msg::signal_worker sw{id};
         (void)self->tell(std::move(sw));
@@ -290,7 +294,8 @@ awaitable<void> delegates::work(std::shared_ptr<delegates> self, delegate_call c
     if (signal->fired) throw boost::system::system_error(asio::error::operation_aborted);
     auto running = self->runner_(c, id);
     out = co_await asio::co_spawn(
-        ex, std::move(running), asio::bind_cancellation_slot(signal->signal.slot(), asio::use_awaitable));
+        ex, std::move(running),
+        asio::bind_cancellation_slot(signal->signal.slot(), asio::use_awaitable));
   } catch (const boost::system::system_error& e) {
     out = error{errc::cancelled, std::string("the run was interrupted: ") + e.what()};
   } catch (const std::exception& e) {
@@ -359,8 +364,7 @@ awaitable<void> delegates::work(std::shared_ptr<delegates> self, delegate_call c
   }
   TETHER_CRASH_POINT("delegate.intent.after_commit");
   // 5. Publish.
-  auto published =
-      runtime::publish_artifact(c.workspace / "delegates", id.str() + ".json", bytes);
+  auto published = runtime::publish_artifact(c.workspace / "delegates", id.str() + ".json", bytes);
   if (!published) {
     auto why = "its artifact was not published: " + published.error().message;
     auto body = notice_text(id, c.agent, delegate_state::failed, self->scrub_.scrub(why),
@@ -383,8 +387,8 @@ awaitable<void> delegates::work(std::shared_ptr<delegates> self, delegate_call c
       break;
     }
     if (self->stopping_) break;
-    self->warn_("delegate " + id.str() + ": promoting its settlement failed (" +
-                p.error().message + "); retried");
+    self->warn_("delegate " + id.str() + ": promoting its settlement failed (" + p.error().message +
+                "); retried");
     co_await pause_for(std::chrono::milliseconds(std::min(50 << std::min(attempt, 6), 2000)));
   }
   finish();
@@ -463,8 +467,8 @@ awaitable<result<delegate_view>> delegates::cancel(owner_scope caller, job_id id
   if (!is_terminal((*row)->state)) {
     std::string why = "cancelled by its originator";
     auto body = notice_text(id, (*row)->agent, delegate_state::cancelled, why, 0);
-    auto won = co_await store_.settle_delegate(id, std::nullopt, delegate_state::cancelled, why,
-                                               body);
+    auto won =
+        co_await store_.settle_delegate(id, std::nullopt, delegate_state::cancelled, why, body);
     if (!won) co_return won.error();
     if (*won) {
       // Only the winner signals the worker; the canceller reads the outcome
@@ -472,8 +476,9 @@ awaitable<result<delegate_view>> delegates::cancel(owner_scope caller, job_id id
       delegate_msg::signal_worker sw{id};
       (void)tell(std::move(sw));
       auto read = co_await store_.mark_read((*won)->id);
-      if (!read) warn_("delegate " + id.str() + ": its cancel receipt was not marked read (" +
-                       read.error().message + ")");
+      if (!read)
+        warn_("delegate " + id.str() + ": its cancel receipt was not marked read (" +
+              read.error().message + ")");
     }
   }
   co_return co_await result_of(std::move(caller), std::move(id));

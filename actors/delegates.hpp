@@ -33,9 +33,9 @@
 // Mailbox: the live registry (id → originator, cancellation signal, waiters)
 // is touched only by the handlers. Store reads are offloaded; writes go
 // through the single writer.
+#include <atomic>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -60,8 +60,8 @@ using protocol::job_id;
 using protocol::owner_scope;
 
 struct delegate_options {
-  int max_depth = 3;             // a delegate at a deeper level is refused
-  int max_background = 128;      // background delegates running at once
+  int max_depth = 3;         // a delegate at a deeper level is refused
+  int max_background = 128;  // background delegates running at once
   std::chrono::milliseconds wait_default{30000};
   std::chrono::milliseconds wait_max{120000};
   /// A running task's lease; the owner renews it every `heartbeat`.
@@ -176,8 +176,7 @@ class delegates : public runtime::actor<delegates, delegate_message> {
   /// `deliver` hands a terminal receipt to the originator (the host's one
   /// delivery path); `warn` reports what was kept and why.
   delegates(runtime::executor ex, persistence::task_store& store, delegate_options opts,
-            delegate_runner runner,
-            std::function<awaitable<void>(persistence::receipt)> deliver,
+            delegate_runner runner, std::function<awaitable<void>(persistence::receipt)> deliver,
             std::function<void(const std::string&)> warn);
 
   /// Starts the heartbeat and the periodic recovery (the first pass after
@@ -218,7 +217,8 @@ class delegates : public runtime::actor<delegates, delegate_message> {
   static std::string notice_text(const job_id& id, const std::string& agent, delegate_state s,
                                  const std::string& output_or_error, std::size_t bound);
   /// The exact bytes a task's artifact holds.
-  static std::string envelope(const job_id& id, const std::string& agent, const std::string& output);
+  static std::string envelope(const job_id& id, const std::string& agent,
+                              const std::string& output);
 
  private:
   struct live {

@@ -100,8 +100,10 @@ host::~host() {
   shutdown();
   // Frames still queued on the executors die with them; they may touch this
   // host (activity counters), so the executors go while every member lives.
-  // The queue's connections before the executors they were opened on.
+  // The queue's connections before the executors they were opened on, and
+  // the delegates' timer before its executor.
   jobs_.reset();
+  delegates_.reset();
   pool_.reset();
 }
 

@@ -79,7 +79,8 @@ result<delegate_task> decode_delegate(SQLite::Statement& q) {
   t.scope = std::move(*scope);
   auto state = q.getColumn(2).getString();
   if (state == "admitted") state = "running";  // registered is running for a delegate
-  if (!parse(state, t.state)) return corrupt_row("tasks", key, "state: unknown value '" + state + "'");
+  if (!parse(state, t.state))
+    return corrupt_row("tasks", key, "state: unknown value '" + state + "'");
   auto payload = protocol::parse_json(q.getColumn(3).getString());
   if (!payload) return corrupt_row("tasks", key, "payload: " + payload.error().describe());
   auto f = protocol::fields::of(*payload, "payload");
@@ -195,9 +196,8 @@ result<std::vector<settlement_intent>> task_reader::settlement_intents() {
 result<std::string> task_reader::task_kind(const job_id& id) {
   auto one = first_of(read_all<std::string>(
       readers_, "SELECT kind FROM tasks WHERE id = ?", "reading the kind of task " + id.str(),
-      {id.str()}, [](SQLite::Statement& q) -> result<std::string> {
-        return q.getColumn(0).getString();
-      }));
+      {id.str()},
+      [](SQLite::Statement& q) -> result<std::string> { return q.getColumn(0).getString(); }));
   if (!one) return one.error();
   return one->value_or("");
 }
@@ -214,10 +214,8 @@ awaitable<result<void>> task_store::admit_delegate(delegate_task t) {
                                 "updated_at) VALUES (?, 'delegate', ?, ?, ?, ?, 'running', ?, ?, "
                                 "?, ?, ?)");
     auto now = now_ms();
-    json::object payload{{"agent", t.agent},
-                         {"preview", t.preview},
-                         {"workspace", t.workspace},
-                         {"depth", t.depth}};
+    json::object payload{
+        {"agent", t.agent}, {"preview", t.preview}, {"workspace", t.workspace}, {"depth", t.depth}};
     st.bind(1, t.id.str());
     st.bind(2, t.scope.tenant.str());
     st.bind(3, t.scope.thread.str());
@@ -341,8 +339,8 @@ awaitable<result<std::optional<receipt>>> task_store::settle_delegate(
   auto name = "delegated task " + std::string(to_string(terminal)) + " " + id.str();
   std::size_t bytes = receipt_body.size() + error_text.size() + 256;
   auto fn = [id = std::move(id), owner = std::move(owner), terminal, err = std::move(error_text),
-             body = std::move(receipt_body)](
-                SQLite::Database& db) -> result<std::optional<receipt>> {
+             body =
+                 std::move(receipt_body)](SQLite::Database& db) -> result<std::optional<receipt>> {
     terminal_write tw;
     tw.task = id;
     tw.kind = "delegate";

@@ -13,7 +13,9 @@ namespace tether::runtime {
 
 namespace {
 
-std::string errno_text(int e) { return std::strerror(e); }
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
 
 // Closes the descriptor when it goes.
 struct fd_guard {
@@ -96,7 +98,8 @@ result<std::string> read_artifact(const std::string& path, std::size_t max_bytes
   fd_guard g{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (g.fd < 0) {
     auto e = errno;
-    return error{e == ENOENT ? errc::not_found : errc::io, "reading " + path + ": " + errno_text(e)};
+    return error{e == ENOENT ? errc::not_found : errc::io,
+                 "reading " + path + ": " + errno_text(e)};
   }
   struct stat st {};
   if (::fstat(g.fd, &st) != 0) return error{errc::io, "reading " + path + ": " + errno_text(errno)};

@@ -46,7 +46,8 @@ delegate_outcome read_outcome(const std::filesystem::path& dir) {
     o.digest = t.getColumn(3).getString();
   }
   REQUIRE(rows == 1);
-  SQLite::Statement r(db, "SELECT count(*) FROM receipts WHERE task_id = ? AND transition != 'started'");
+  SQLite::Statement r(
+      db, "SELECT count(*) FROM receipts WHERE task_id = ? AND transition != 'started'");
   r.bind(1, o.id);
   r.executeStep();
   o.terminal_receipts = r.getColumn(0).getInt();
@@ -62,8 +63,8 @@ delegate_outcome read_outcome(const std::filesystem::path& dir) {
 
 // What the protocol promises after a crash at `point` and a restart.
 std::string expected_state(const std::string& point) {
-  if (point == "delegate.admit.after_commit") return "lost";    // no outcome was recorded
-  if (point == "delegate.intent.after_commit") return "failed"; // the bytes never reached disk
+  if (point == "delegate.admit.after_commit") return "lost";     // no outcome was recorded
+  if (point == "delegate.intent.after_commit") return "failed";  // the bytes never reached disk
   return "completed";  // published: recovery validates and promotes, or it was promoted
 }
 
@@ -74,7 +75,8 @@ TEST_CASE(
     "once, and never completed without its artifact",
     "[crash][delegate]") {
   test::scratch_dir root("delegate-matrix");
-  auto points = test::crash_points([](const std::string& p) { return p.rfind("delegate.", 0) == 0; });
+  auto points =
+      test::crash_points([](const std::string& p) { return p.rfind("delegate.", 0) == 0; });
   REQUIRE(points.size() == 4);
 
   auto base = root.path() / "baseline";

@@ -17,11 +17,11 @@
 using namespace tether;
 using namespace tether::test;
 using actors::delegate_call;
-using protocol::owner_scope;
 using actors::delegate_view;
 using persistence::delegate_state;
 using persistence::delegate_task;
 using persistence::settlement_intent;
+using protocol::owner_scope;
 namespace asio = boost::asio;
 
 namespace {
@@ -45,7 +45,8 @@ struct delegate_fixture {
     f.tune = [this](actors::host_options& o) {
       o.delegation.recovery_every = std::chrono::hours(1);  // recover() is called by the tests
       if (this->limits) this->limits(o.delegation);
-      o.run_delegate = [ctl = ctl](delegate_call, protocol::job_id) -> asio::awaitable<result<std::string>> {
+      o.run_delegate = [ctl = ctl](delegate_call,
+                                   protocol::job_id) -> asio::awaitable<result<std::string>> {
         ctl->entered->set(1);
         try {
           if (ctl->block_until_cancelled) {
@@ -155,7 +156,9 @@ void write_file(const std::string& path, const std::string& bytes) {
 
 }  // namespace
 
-TEST_CASE("a background delegate is registered before it runs, and its artifact is published and promoted once") {
+TEST_CASE(
+    "a background delegate is registered before it runs, and its artifact is published and "
+    "promoted once") {
   delegate_fixture x("dlg-life");
   auto id = x.f.sync(x.d().start_task(x.call()));
   REQUIRE(id);
@@ -206,13 +209,16 @@ TEST_CASE("a failing delegate is failed with its error, scrubbed, and publishes 
   CHECK(v->error->find("it broke") != std::string::npos);
   CHECK(v->error->find("ghp_abcdefghij") == std::string::npos);
   CHECK_FALSE(x.row(*id).artifact);
-  CHECK_FALSE(std::filesystem::exists(x.f.dir.path() / "workspace" / "delegates" / (id->str() + ".json")));
+  CHECK_FALSE(
+      std::filesystem::exists(x.f.dir.path() / "workspace" / "delegates" / (id->str() + ".json")));
   x.f.quiet();
   CHECK(x.in_transcript("ghp_abcdefghij") == 0);
   CHECK(x.in_transcript("[delegated task " + id->str() + " (worker) failed]") == 1);
 }
 
-TEST_CASE("a cancel that wins is kept: the worker is signalled after it, and its later output is never published") {
+TEST_CASE(
+    "a cancel that wins is kept: the worker is signalled after it, and its later output is never "
+    "published") {
   delegate_fixture x("dlg-cancel");
   auto id = x.f.sync(x.d().start_task(x.call()));
   REQUIRE(id);
@@ -227,7 +233,8 @@ TEST_CASE("a cancel that wins is kept: the worker is signalled after it, and its
   CHECK(after->state == delegate_state::cancelled);
   CHECK_FALSE(x.row(*id).artifact);
   CHECK(x.intents().empty());
-  CHECK_FALSE(std::filesystem::exists(x.f.dir.path() / "workspace" / "delegates" / (id->str() + ".json")));
+  CHECK_FALSE(
+      std::filesystem::exists(x.f.dir.path() / "workspace" / "delegates" / (id->str() + ".json")));
   CHECK(x.receipts_of(*id) == 1);  // the cancel's, and no other
 }
 
@@ -245,7 +252,9 @@ TEST_CASE("a cancel after completion loses the compare-and-set and signals nobod
   CHECK(x.receipts_of(*id) == 1);
 }
 
-TEST_CASE("a foreign caller's result, wait, list and cancel read exactly as a missing task and touch nothing") {
+TEST_CASE(
+    "a foreign caller's result, wait, list and cancel read exactly as a missing task and touch "
+    "nothing") {
   delegate_fixture x("dlg-foreign");
   auto id = x.f.sync(x.d().start_task(x.call()));
   REQUIRE(id);
@@ -292,8 +301,7 @@ TEST_CASE("delegation limits: depth and the number running at once are refused w
   REQUIRE(b);
   auto c = x.f.sync(x.d().start_task(x.call()));
   REQUIRE_FALSE(c);
-  CHECK(c.error().message ==
-        "2 delegated tasks are running, the limit is 2; nothing was started");
+  CHECK(c.error().message == "2 delegated tasks are running, the limit is 2; nothing was started");
   auto all = x.f.host->store().delegates();
   REQUIRE(all);
   CHECK(all->size() == 2);  // nothing was registered for the refused ones
@@ -303,9 +311,12 @@ TEST_CASE("delegation limits: depth and the number running at once are refused w
           delegate_state::completed);
 }
 
-TEST_CASE("a run past its time limit is timed out through the same compare-and-set, and its worker interrupted") {
-  delegate_fixture x("dlg-timeout",
-                     [](actors::delegate_options& o) { o.run_timeout = std::chrono::milliseconds(1); });
+TEST_CASE(
+    "a run past its time limit is timed out through the same compare-and-set, and its worker "
+    "interrupted") {
+  delegate_fixture x("dlg-timeout", [](actors::delegate_options& o) {
+    o.run_timeout = std::chrono::milliseconds(1);
+  });
   x.ctl->block_until_cancelled = true;  // it can only end by the timeout
   auto id = x.f.sync(x.d().start_task(x.call()));
   REQUIRE(id);
@@ -412,7 +423,8 @@ TEST_CASE("recovery keeps a competing terminal winner and removes the stale inte
   CHECK(x.intents().empty());
 }
 
-TEST_CASE("recovery reclaims prior-boot orphans as lost and keeps an unparsable owner, saying why") {
+TEST_CASE(
+    "recovery reclaims prior-boot orphans as lost and keeps an unparsable owner, saying why") {
   delegate_fixture x("dlg-rec-lost");
   auto gone = orphan(x, "dlg_gone", dead_owner());
   auto garbled = orphan(x, "dlg_garbled", "v1:not-an-identity");

@@ -48,8 +48,7 @@ int story(const fs::path& dir, bool resume) {
   o.db_path = (dir / "tether.db").string();
   o.agents = std::make_shared<quiet_factory>();
   o.jobs.sandbox_dir = (dir / "sandbox").string();
-  o.run_delegate = [](actors::delegate_call c,
-                      protocol::job_id) -> awaitable<result<std::string>> {
+  o.run_delegate = [](actors::delegate_call c, protocol::job_id) -> awaitable<result<std::string>> {
     co_return "findings for: " + c.prompt;
   };
   auto h = actors::host::open(o);
