@@ -154,6 +154,52 @@ void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
 }
 
+// A real process that lives until end() (or the object's end): it blocks
+// reading a pipe whose write end only this process holds.
+class blocked_child {
+ public:
+  blocked_child() {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      ::close(fds[1]);
+      char c;
+      while (::read(fds[0], &c, 1) > 0) {
+      }
+      ::_exit(0);
+    }
+    ::close(fds[0]);
+    wfd_ = fds[1];
+  }
+  ~blocked_child() {
+    if (wfd_ < 0) return;
+    ::close(wfd_);
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+  }
+  /// Its identity as that process would have recorded it (with a nonce).
+  std::string identity() const {
+    auto who = runtime::identity_of(pid_);
+    REQUIRE(who);
+    who->nonce = std::string(32, 'a');
+    return runtime::to_string(*who);
+  }
+  /// Lets it exit and reaps it.
+  void end() {
+    if (wfd_ < 0) return;
+    ::close(wfd_);
+    wfd_ = -1;
+    int st = 0;
+    REQUIRE(::waitpid(pid_, &st, 0) == pid_);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int wfd_ = -1;
+};
+
 }  // namespace
 
 TEST_CASE(
@@ -440,29 +486,13 @@ TEST_CASE(
 
 TEST_CASE("a live foreign owner keeps its task, which is reclaimed once that process exits") {
   delegate_fixture x("dlg-rec-foreign");
-  int fds[2];
-  REQUIRE(::pipe(fds) == 0);
-  pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    ::close(fds[1]);
-    char c;
-    while (::read(fds[0], &c, 1) > 0) {
-    }
-    ::_exit(0);
-  }
-  ::close(fds[0]);
-  auto who = runtime::identity_of(child);
-  REQUIRE(who);
-  who->nonce = std::string(32, 'a');  // its nonce, as that process would have recorded it
-  auto t = orphan(x, "dlg_foreign", runtime::to_string(*who));
+  blocked_child child;
+  auto t = orphan(x, "dlg_foreign", child.identity());
   auto rep = x.f.sync(x.d().recover());
   REQUIRE(rep);
   CHECK(rep->lost == 0);
   CHECK(x.row(t.id).state == delegate_state::running);
-  ::close(fds[1]);  // the child exits
-  int st = 0;
-  REQUIRE(::waitpid(child, &st, 0) == child);
+  child.end();  // it exits and is reaped
   rep = x.f.sync(x.d().recover());
   REQUIRE(rep);
   CHECK(rep->lost == 1);
@@ -471,30 +501,14 @@ TEST_CASE("a live foreign owner keeps its task, which is reclaimed once that pro
 
 TEST_CASE("a running task of a live owner whose lease expired is timed out") {
   delegate_fixture x("dlg-rec-lease");
-  int fds[2];
-  REQUIRE(::pipe(fds) == 0);
-  pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    ::close(fds[1]);
-    char c;
-    while (::read(fds[0], &c, 1) > 0) {
-    }
-    ::_exit(0);
-  }
-  ::close(fds[0]);
-  auto who = runtime::identity_of(child);
-  REQUIRE(who);
-  who->nonce = std::string(32, 'a');  // its nonce, as that process would have recorded it
-  auto t = orphan(x, "dlg_stuck", runtime::to_string(*who));
+  blocked_child child;
+  auto t = orphan(x, "dlg_stuck", child.identity());
   {
     SQLite::Database db(x.f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
     db.exec("UPDATE tasks SET lease_until = 1 WHERE id = 'dlg_stuck'");
   }
   auto rep = x.f.sync(x.d().recover());
-  ::close(fds[1]);
-  int st = 0;
-  ::waitpid(child, &st, 0);
+  child.end();
   REQUIRE(rep);
   CHECK(rep->timed_out == 1);
   CHECK(x.row(t.id).state == delegate_state::timed_out);
