@@ -48,12 +48,6 @@ bool is_terminal(delegate_state s) {
   return s != delegate_state::running;
 }
 
-awaitable<void> pause_for(std::chrono::milliseconds d) {
-  asio::steady_timer t(co_await asio::this_coro::executor, d);
-  boost::system::error_code ec;
-  co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-}
-
 // What an artifact says, once its digest matched: its task and output.
 struct envelope_fields {
   std::string task;
@@ -103,6 +97,7 @@ delegates::delegates(runtime::executor ex, persistence::task_store& store, deleg
       runner_(std::move(runner)),
       deliver_(std::move(deliver)),
       warn_(std::move(warn)),
+      pauses_(ex),
       timer_(std::make_shared<asio::steady_timer>(ex)) {}
 
 std::string delegates::envelope(const job_id& id, const std::string& agent,
@@ -324,12 +319,11 @@ awaitable<void> delegates::work(std::shared_ptr<delegates> self, delegate_call c
         if (*r) co_await self->hand_over(std::move(*r));
         break;
       }
-      if (attempt >= 4 || self->stopping_) {
+      if (attempt >= 4 || !co_await self->pauses_.pause(attempt)) {
         self->warn_("delegate " + id.str() + ": its failure was not recorded (" +
                     r.error().message + "); the row stays running for recovery");
         break;
       }
-      co_await pause_for(std::chrono::milliseconds(50 << attempt));
     }
     finish();
     co_return;
@@ -351,12 +345,11 @@ awaitable<void> delegates::work(std::shared_ptr<delegates> self, delegate_call c
       break;
     }
     // A store failure before the intent: retried, nothing published meanwhile.
-    if (attempt >= 4 || self->stopping_) {
+    if (attempt >= 4 || !co_await self->pauses_.pause(attempt)) {
       self->warn_("delegate " + id.str() + ": its settlement intent was not recorded (" +
                   w.error().message + "); nothing was published, the row stays running");
       break;
     }
-    co_await pause_for(std::chrono::milliseconds(50 << attempt));
   }
   if (!recorded) {
     finish();
@@ -386,10 +379,9 @@ awaitable<void> delegates::work(std::shared_ptr<delegates> self, delegate_call c
       if (p->promoted) co_await self->hand_over(std::move(p->terminal));
       break;
     }
-    if (self->stopping_) break;
     self->warn_("delegate " + id.str() + ": promoting its settlement failed (" + p.error().message +
                 "); retried");
-    co_await pause_for(std::chrono::milliseconds(std::min(50 << std::min(attempt, 6), 2000)));
+    if (!co_await self->pauses_.pause(attempt)) break;  // stopping: the next boot promotes it
   }
   finish();
 }
@@ -614,6 +606,7 @@ awaitable<void> delegates::shutdown() {
   auto self = shared_from_this();
   auto stop_loops = [](std::shared_ptr<delegates> self) -> awaitable<void> {
     self->timer_->cancel();
+    self->pauses_.stop();  // a worker's retry pause ends now
     co_return;
   };
   co_await asio::co_spawn(get_executor(), stop_loops(self), asio::use_awaitable);

@@ -51,6 +51,7 @@
 #include "tether/protocol/scrub.hpp"
 #include "tether/runtime/actor.hpp"
 #include "tether/runtime/gate.hpp"
+#include "tether/runtime/retry.hpp"
 
 namespace tether::actors {
 
@@ -245,6 +246,7 @@ class delegates : public runtime::actor<delegates, delegate_message> {
   const std::function<void(const std::string&)> warn_;
   runtime::gate gate_;
   std::atomic<bool> stopping_{false};  // set by shutdown() before the workers are signalled
+  runtime::retry_pauses pauses_;       // a worker's store retries; shutdown() ends them
   std::shared_ptr<boost::asio::steady_timer> timer_;
   // Handlers only.
   std::map<job_id, live> live_;
