@@ -3,14 +3,18 @@
 // with the inputs that arrived since the last drain, and a context through
 // which it answers, starts jobs and subagents, and reads state.
 #include <boost/asio/awaitable.hpp>
+#include <chrono>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "tether/actors/delegates.hpp"
 #include "tether/actors/job_queue.hpp"
 #include "tether/persistence/task_store.hpp"
 #include "tether/protocol/ids.hpp"
+#include "tether/protocol/policy.hpp"
 
 namespace tether::actors {
 
@@ -42,6 +46,28 @@ struct spawn_request {
   /// fork). A follow-up keeps the child's policy and is refused if this names
   /// another one (host::set_job_policy changes it).
   std::optional<std::string> job_policy;
+  /// A new child's policy: this session's, narrowed by the fields set here.
+  /// A field that would widen it refuses the spawn and names the field. A
+  /// follow-up keeps the child's policy and is refused if this is set.
+  std::optional<protocol::policy_override> policy;
+  /// A foreground spawn's limit: past it the child is interrupted (it
+  /// settles "cancelled") and the call answers errc::timeout. nullopt: none.
+  std::optional<std::chrono::milliseconds> timeout;
+  /// The goal a new child's task joins (a running goal of this session's
+  /// tree, host::create_goal); its state and usage roll up to it.
+  std::optional<job_id> goal;
+};
+
+/// A delegate call as an agent makes it (docs/delegation.md): the runtime
+/// adds the caller's scope, depth, policy and budget.
+struct delegate_request {
+  std::string agent = "general";
+  std::string prompt;
+  std::filesystem::path workspace;  // the artifact goes to <workspace>/delegates/<id>.json
+  /// The delegate's policy: the caller's, narrowed by the fields set here.
+  std::optional<protocol::policy_override> policy;
+  /// The goal the task joins (a running goal of this session's tree).
+  std::optional<job_id> goal;
 };
 
 class agent_context {
@@ -86,6 +112,36 @@ class agent_context {
   virtual awaitable<result<std::vector<message_row>>> transcript() = 0;
   /// How many user messages this session had up to `seq` (1-based ordinal).
   virtual awaitable<result<std::int64_t>> input_ordinal(std::int64_t seq) = 0;
+
+  // --- policy and budget (docs/policy.md) ---
+  /// This session's effective policy.
+  virtual const protocol::session_policy& policy() const = 0;
+  /// Its depth below its top-level session (0 for one).
+  virtual int depth() const = 0;
+  /// One action of a host's own tool: allowed only if the policy allows
+  /// `tool`, and counted against the tree's action budget. A refusal is
+  /// errc::refused and is written to the transcript. The runtime's own
+  /// actions (shells, spawns, delegates) are checked and counted the same way.
+  virtual awaitable<result<void>> act(std::string tool) = 0;
+  /// Model usage of this busy period's work, added to its task (a
+  /// subagent's current task, a delegate's task) and so to the task's goal.
+  /// errc::not_found when the session works for no task (a top-level one).
+  virtual awaitable<result<void>> report_usage(std::int64_t input_tokens,
+                                               std::int64_t output_tokens) = 0;
+
+  // --- delegated tasks (docs/delegation.md) ---
+  /// A background delegate: its id once its row is registered.
+  virtual awaitable<result<job_id>> delegate_background(delegate_request req) = 0;
+  /// A synchronous one: waits up to `timeout` (bounded by the host's
+  /// options), then cancels it and says so.
+  virtual awaitable<result<delegate_view>> delegate_run(
+      delegate_request req, std::optional<std::chrono::milliseconds> timeout = {}) = 0;
+  /// A task this session's turns delegated (others: "not found").
+  virtual awaitable<result<delegate_view>> delegate_result(job_id id) = 0;
+  virtual awaitable<result<delegate_view>> delegate_wait(
+      job_id id, std::optional<std::chrono::milliseconds> timeout = {}) = 0;
+  virtual awaitable<result<std::vector<delegate_view>>> delegate_list() = 0;
+  virtual awaitable<result<delegate_view>> delegate_cancel(job_id id) = 0;
 };
 
 class agent {

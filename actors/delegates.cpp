@@ -26,19 +26,6 @@ using persistence::receipt;
 
 namespace {
 
-std::string random_uuid() {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
-  std::uint64_t a = rng(), b = rng();
-  a = (a & 0xffffffffffff0fffULL) | 0x0000000000004000ULL;  // version 4
-  b = (b & 0x3fffffffffffffffULL) | 0x8000000000000000ULL;  // variant 1
-  char buf[37];
-  std::snprintf(buf, sizeof buf, "%08x-%04x-%04x-%04x-%012llx", static_cast<unsigned>(a >> 32),
-                static_cast<unsigned>((a >> 16) & 0xffff), static_cast<unsigned>(a & 0xffff),
-                static_cast<unsigned>(b >> 48),
-                static_cast<unsigned long long>(b & 0xffffffffffffULL));
-  return buf;
-}
-
 const std::string& my_identity() {
   static const std::string id = runtime::to_string(runtime::current_process_identity());
   return id;
@@ -154,7 +141,7 @@ void delegates::handle(delegate_message& m) {
                                                     std::to_string(opts_.max_background) +
                                                     "; nothing was started"});
           } else {
-            job_id id("dlg_" + random_uuid());
+            job_id id("dlg_" + protocol::random_uuid());
             live_[id].caller = msg.caller;
             msg.reply.send(id);
           }
@@ -210,6 +197,10 @@ awaitable<result<job_id>> delegates::start_task(delegate_call c) {
   if (c.workspace.empty() || !c.workspace.is_absolute())
     co_return error{errc::invalid, "delegate: the workspace '" + c.workspace.string() +
                                        "' is not an absolute path; nothing was started"};
+  if (c.policy && !c.policy->allows_path(c.workspace.string()))
+    co_return error{errc::refused, "delegate: the workspace '" + c.workspace.string() +
+                                       "' is outside the caller's writable paths (policy field "
+                                       "'writable'); nothing was started"};
   delegate_msg::reserve r{c.caller, c.depth, {}};
   auto id = co_await ask(std::move(r));
   if (!id) co_return id.error();
@@ -220,6 +211,7 @@ awaitable<result<job_id>> delegates::start_task(delegate_call c) {
   t.preview = protocol::make_preview(scrub_.scrub(c.prompt)).text;
   t.workspace = c.workspace.string();
   t.depth = c.depth;
+  t.goal = c.goal;
   t.owner = my_identity();
   t.lease_until = runtime::now_ms() + opts_.lease.count();
   // The row is the lifecycle's authority: nothing runs before it is on disk.

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "tether/persistence/task_store.hpp"
+#include "tether/protocol/policy.hpp"
 #include "tether/protocol/scrub.hpp"
 #include "tether/runtime/actor.hpp"
 #include "tether/runtime/gate.hpp"
@@ -84,6 +85,14 @@ struct delegate_call {
   std::string prompt;
   std::filesystem::path workspace;  // the artifact goes to <workspace>/delegates/<id>.json
   int depth = 1;
+  /// The policy the task runs under (the caller's, narrowed; its workspace
+  /// must be writable under it) and the root whose action budget it spends:
+  /// the runner gives both to the session it runs the task in. nullopt: the
+  /// host's default policy, a budget of its own.
+  std::optional<protocol::session_policy> policy;
+  std::optional<protocol::session_id> budget_root;
+  /// The goal the task joins (checked by the caller; must be running).
+  std::optional<job_id> goal;
 };
 
 /// Runs a delegated task: its output text, or an error (the task fails with

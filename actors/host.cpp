@@ -9,6 +9,7 @@
 #include <set>
 
 #include "tether/protocol/notice.hpp"
+#include "tether/protocol/output_tail.hpp"
 #include "tether/runtime/clock.hpp"
 #include "tether/runtime/crash_point.hpp"
 #include "tether/sandbox/client.hpp"
@@ -25,8 +26,16 @@ namespace {
 // prompted once; its last answer is the output. A cancel interrupts it.
 delegate_runner default_delegate_runner(host& h) {
   return [&h](delegate_call c, job_id id) -> awaitable<result<std::string>> {
-    auto s = co_await h.create_session("delegated task " + id.str(), session_id("s_" + id.str()),
-                                       c.agent, c.caller.tenant);
+    persistence::session_row row;
+    row.id = session_id("s_" + id.str());
+    row.description = "delegated task " + id.str();
+    row.agent = c.agent;
+    row.tenant = c.caller.tenant;
+    row.policy = c.policy;
+    row.depth = c.depth;
+    row.budget_root = c.budget_root;
+    row.task_id = id;  // its usage counts against the task
+    auto s = co_await h.create_session_row(std::move(row));
     if (!s) co_return s.error();
     auto p = co_await h.prompt(*s, c.prompt);
     if (!p) co_return p.error();
@@ -93,6 +102,8 @@ result<std::unique_ptr<host>> host::open(host_options opts) {
 host::host(host_options opts)
     : opts_(std::move(opts)),
       pool_(std::make_unique<runtime::executor_pool>(opts_.threads)),
+      budgets_(opts_.action_budget),
+      scrub_(protocol::scrub_rules::from_env(sandbox::current_environment())),
       directory_(
           protocol::scrubber(protocol::scrub_rules::from_env(sandbox::current_environment()))) {}
 
@@ -239,16 +250,27 @@ std::vector<protocol::running_item> host::outstanding(const session_id& s) {
 
 awaitable<result<session_id>> host::create_session(std::string description,
                                                    std::optional<session_id> id, std::string agent,
-                                                   protocol::tenant_id tenant) {
-  if (tenant.empty())
-    co_return error{errc::invalid,
-                    "a session needs a tenant; the empty tenant was refused and "
-                    "no session was created"};
+                                                   protocol::tenant_id tenant,
+                                                   std::optional<protocol::session_policy> policy) {
   persistence::session_row row;
   row.tenant = std::move(tenant);
   row.id = id ? *id : session_id(protocol::mint("ses"));
   row.description = std::move(description);
   row.agent = std::move(agent);
+  row.policy = std::move(policy);
+  co_return co_await create_session_row(std::move(row));
+}
+
+awaitable<result<session_id>> host::create_session_row(persistence::session_row row) {
+  if (row.tenant.empty())
+    co_return error{errc::invalid,
+                    "a session needs a tenant; the empty tenant was refused and "
+                    "no session was created"};
+  if (!row.policy) row.policy = opts_.default_policy;
+  if (auto bad = protocol::check(*row.policy))
+    co_return error{errc::invalid, "the session's policy field '" + bad->field + "' " +
+                                       bad->problem + "; no session was created"};
+  row.parent.reset();
   row.job_policy = opts_.job_policies.top_level;
   auto sid = row.id;
   auto r = co_await store_->create_session(std::move(row));
@@ -283,6 +305,81 @@ awaitable<result<notification_id>> host::background(session_id child) {
   if (!sess) co_return sess.error();
   session_msg::to_background m;
   co_return co_await (*sess)->ask(std::move(m));
+}
+
+namespace {
+session_id tree_root(const persistence::session_row& r) {
+  return r.budget_root ? *r.budget_root : r.id;
+}
+}  // namespace
+
+awaitable<result<job_id>> host::create_goal(session_id owner, std::string description) {
+  auto row = co_await store_->load_session(owner);
+  if (!row) co_return row.error();
+  if (!*row)
+    co_return error{errc::not_found, "session '" + owner.str() + "' not found; no goal was made"};
+  owner_scope scope;
+  scope.tenant = (*row)->tenant;
+  scope.thread = owner;
+  scope.turn = (*row)->turn ? *(*row)->turn : protocol::turn_id("goal");
+  job_id id("goal_" + protocol::random_uuid());
+  auto admitted = co_await store_->admit_goal(
+      id, scope, tree_root(**row), protocol::make_preview(scrub_.scrub(description), 500).text);
+  if (!admitted) co_return admitted.error();
+  co_return id;
+}
+
+awaitable<result<persistence::goal_record>> host::goal(session_id caller, job_id id) {
+  auto row = co_await store_->load_session(caller);
+  if (!row) co_return row.error();
+  auto& store = *store_;
+  auto read = [&store, id] { return store.goal(id); };
+  auto g = co_await store.offload(std::move(read));
+  if (!g) co_return g.error();
+  // Another tree's (or tenant's) goal reads as a missing one.
+  if (!*row || !*g || (*g)->scope.tenant != (*row)->tenant || (*g)->root != tree_root(**row))
+    co_return error{errc::not_found, "goal '" + id.str() + "' not found"};
+  co_return std::move(**g);
+}
+
+std::string host::goal_notice(const persistence::goal_record& g, const std::string& state) const {
+  std::string text = "[goal " + g.id.str() + " " + state + "] " + g.description + "\n" +
+                     std::to_string(g.members.size()) + " tasks; usage " +
+                     std::to_string(g.input_tokens) + " input, " + std::to_string(g.output_tokens) +
+                     " output tokens";
+  int shown = 0;
+  for (const auto& m : g.members) {
+    if (++shown > 20) {
+      text += "\n...[" + std::to_string(g.members.size() - 20) + " more]";
+      break;
+    }
+    text += "\n- " + m.id.str() + " (" + m.kind + ") " + m.state;
+  }
+  auto body = protocol::utf8_sanitize(scrub_.scrub(text));
+  if (body.size() > 4000) body = std::string(protocol::utf8_prefix(body, 4000)) + "...[truncated]";
+  return body;
+}
+
+awaitable<result<persistence::goal_record>> host::close_goal(session_id caller, job_id id,
+                                                             std::string state) {
+  auto g = co_await goal(caller, id);
+  if (!g) co_return g.error();
+  if (g->state != "running")
+    co_return error{errc::conflict,
+                    "goal '" + id.str() + "' is already " + g->state + "; it was left as it was"};
+  auto won = co_await store_->close_goal(id, state, goal_notice(*g, state));
+  if (!won) co_return won.error();
+  if (!*won) {
+    auto now = co_await goal(caller, id);
+    if (!now) co_return now.error();
+    co_return error{errc::conflict,
+                    "goal '" + id.str() + "' is already " + now->state + "; it was left as it was"};
+  }
+  auto rid = (*won)->id;
+  auto d = co_await delivery_->deliver(notice_batch(std::move(**won), false));
+  if (!d) warn("goal receipt " + rid.str() + " was kept pending: " + d.error().message);
+  g->state = state;
+  co_return std::move(*g);
 }
 
 awaitable<result<void>> host::wait_idle(session_id s) {

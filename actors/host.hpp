@@ -36,6 +36,7 @@
 #include "tether/persistence/task_store.hpp"
 #include "tether/persistence/writer.hpp"
 #include "tether/protocol/scrub.hpp"
+#include "tether/runtime/action_budget.hpp"
 #include "tether/runtime/executor_pool.hpp"
 #include "tether/runtime/gate.hpp"
 #include "tether/runtime/quiescence.hpp"
@@ -98,6 +99,13 @@ struct host_options {
   /// top-level session of the caller's tenant, prompted once; its last answer
   /// is the output.
   delegate_runner run_delegate;
+  /// The policy of a top-level session created without one of its own
+  /// (docs/policy.md); children inherit and may only narrow it.
+  protocol::session_policy default_policy;
+  /// One action budget per tree of sessions (its top-level session, its
+  /// subagents, forks and delegates): shells, spawns, delegates and host
+  /// tools (agent_context::act) count against it. max_actions 0: none.
+  runtime::budget_options action_budget;
   /// Where warnings go (boot: id conflicts, cleared rows). Default: stderr.
   std::function<void(const std::string&)> log;
 };
@@ -129,9 +137,16 @@ class host {
 
   /// Creates a top-level session in `tenant`; its children are in the same
   /// tenant. Its job policy is options().job_policies.top_level.
+  /// `policy`: its own (checked; an invalid one is refused), else
+  /// options().default_policy.
   awaitable<result<session_id>> create_session(
       std::string description, std::optional<session_id> id = {}, std::string agent = "general",
-      protocol::tenant_id tenant = protocol::tenant_id("default"));
+      protocol::tenant_id tenant = protocol::tenant_id("default"),
+      std::optional<protocol::session_policy> policy = {});
+  /// A session with no parent made from `row` as given (tenant, policy,
+  /// depth, budget root): a delegate runner's session. Its job policy is
+  /// options().job_policies.top_level.
+  awaitable<result<session_id>> create_session_row(persistence::session_row row);
   /// Appends a prompt (or steer) durably, then wakes the session.
   awaitable<result<std::int64_t>> prompt(session_id s, std::string text, bool steer = false);
   void interrupt(const session_id& s);
@@ -142,6 +157,23 @@ class host {
   awaitable<result<notification_id>> background(session_id child);
   /// Resolves once the session is idle (after its settle).
   awaitable<result<void>> wait_idle(session_id s);
+
+  // --- goals (docs/policy.md) ---
+  /// A goal owned by session `owner` (a task of kind `goal`): subagents and
+  /// delegates that any session of `owner`'s tree starts may join it
+  /// (spawn_request::goal, delegate_request::goal); their terminal states and
+  /// model usage roll up to it.
+  awaitable<result<job_id>> create_goal(session_id owner, std::string description);
+  /// The goal, its member tasks and their summed usage, for a session of
+  /// its tree (anyone else: not found, as a missing goal).
+  awaitable<result<persistence::goal_record>> goal(session_id caller, job_id id);
+  /// Closes the goal (completed, failed or cancelled) through the terminal
+  /// compare-and-set; its owner gets a notice with the roll-up. A goal
+  /// already closed is left as it is (errc::conflict says how it ended).
+  awaitable<result<persistence::goal_record>> close_goal(session_id caller, job_id id,
+                                                         std::string state);
+  /// The notice a goal's owner reads when it closes (scrubbed, bounded).
+  std::string goal_notice(const persistence::goal_record& g, const std::string& state) const;
   /// Deletes the finished tasks past options().task_retention (in batches,
   /// each one transaction); how many went. Boot runs it; a long-running
   /// host may call it on its own schedule. 0 when retention is off.
@@ -213,6 +245,10 @@ class host {
   /// counted as activity like wake().
   void hand_over(session& s, wake_scope scope, bool admitted_here);
   bool shutting_down() const { return shutting_down_.load(); }
+  /// The action budget of the tree `s` belongs to.
+  std::shared_ptr<runtime::action_budget> budget_of(const persistence::session_row& s) {
+    return budgets_.of(s.budget_root ? s.budget_root->str() : s.id.str());
+  }
   void warn(const std::string& w);
 
  private:
@@ -243,6 +279,8 @@ class host {
   std::unique_ptr<actors::delivery> delivery_;
   std::unique_ptr<job_queue> jobs_;
   std::shared_ptr<actors::delegates> delegates_;
+  runtime::action_budgets budgets_;
+  const protocol::scrubber scrub_;  // texts the host itself writes for a model
 
   std::mutex m_;
   std::map<session_id, std::shared_ptr<session>> sessions_;

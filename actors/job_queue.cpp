@@ -316,6 +316,17 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
                                        "have no way back to it; nothing was started"};
   if (req.command.empty())
     co_return error{errc::invalid, "launch: the command is empty; nothing was started"};
+  auto cwd = !req.cwd.empty()     ? req.cwd
+             : !opts_.cwd.empty() ? opts_.cwd
+                                  : std::filesystem::current_path().string();
+  if (req.writable) {
+    protocol::session_policy limits;
+    limits.writable = req.writable;
+    if (!limits.allows_path(cwd))
+      co_return error{errc::refused, "launch: the work directory '" + cwd +
+                                         "' is outside the session's writable paths (policy "
+                                         "field 'writable'); nothing was started"};
+  }
   {
     std::lock_guard lk(m_);
     if (stopped_) co_return error{errc::stopped, "the host is shutting down; nothing was started"};
@@ -360,11 +371,11 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
 
   wire::exec_req er;
   er.command = std::move(req.command);
-  er.cwd = !req.cwd.empty()     ? req.cwd
-           : !opts_.cwd.empty() ? opts_.cwd
-                                : std::filesystem::current_path().string();
+  er.cwd = std::move(cwd);
   er.env = std::move(env);
   er.job = id;
+  er.isolate = req.isolate;
+  er.allow_network = req.isolate && req.allow_network;
   auto started = co_await channel_->dispatch(id, std::move(er));
   if (!started) {
     bool closing;

@@ -105,6 +105,13 @@ struct launch_request {
   /// again (a turn replayed after a crash) gets the same job, never a second
   /// run. 1-64 of [A-Za-z0-9_.-].
   std::optional<std::string> key;
+  /// Policy (docs/policy.md; a turn's context sets these from its session's
+  /// policy, and the agent cannot loosen them): run inside bubblewrap, with
+  /// or without the network, and only in a work directory under one of
+  /// `writable` (nullopt: anywhere).
+  bool isolate = false;
+  bool allow_network = true;  // only with isolate
+  std::optional<std::vector<std::string>> writable;
 };
 
 /// What an owner may know about its job.

@@ -10,6 +10,7 @@
 #include "tether/protocol/report.hpp"
 #include "tether/runtime/crash_point.hpp"
 #include "tether/runtime/retry.hpp"
+#include "tether/sandbox/client.hpp"
 
 namespace tether::actors {
 
@@ -19,7 +20,10 @@ using protocol::report_state;
 // on the session's executor.
 class session::context : public agent_context {
  public:
-  explicit context(std::shared_ptr<session> s) : s_(std::move(s)) {}
+  explicit context(std::shared_ptr<session> s)
+      : s_(std::move(s)),
+        policy_(s_->row_.policy ? *s_->row_.policy : s_->host_.options().default_policy),
+        budget_(s_->host_.budget_of(s_->row_)) {}
 
   const session_id& self() const override { return s_->id(); }
 
@@ -45,17 +49,72 @@ class session::context : public agent_context {
   }
 
   awaitable<result<std::string>> spawn_foreground(spawn_request req) override {
+    auto req_timeout = req.timeout;
     auto r = co_await spawn(std::move(req), false);
     if (!r) co_return r.error();
     auto reply = r->second;
     auto child = r->first;
+    // A limit: past it the child is interrupted; it settles "cancelled" and
+    // that answers the wait below.
+    auto timed_out = std::make_shared<std::atomic<bool>>(false);
+    std::optional<asio::steady_timer> limit;
+    if (req_timeout) {
+      limit.emplace(co_await asio::this_coro::executor, *req_timeout);
+      host* hp = &s_->host_;
+      auto on_limit = [hp, child, timed_out](boost::system::error_code ec) {
+        if (ec) return;
+        timed_out->store(true);
+        hp->interrupt(child);
+      };
+      limit->async_wait(std::move(on_limit));
+    }
     auto answer = co_await reply->async_wait(asio::use_awaitable);
+    if (limit) limit->cancel();
+    if (timed_out->load())
+      co_return error{errc::timeout, "subagent '" + child.str() + "' ran past its " +
+                                         std::to_string(req_timeout->count()) +
+                                         " ms limit and was interrupted" +
+                                         (answer ? "; its report: " + *answer : std::string())};
     // The caller cancelled the call (its drain was interrupted): the child's
     // run is cancelled with it (seed 002). A shutdown is not a cancel: the
     // child keeps its claim for the next boot.
     if (!answer && answer.error().code == errc::cancelled && !s_->stopping_)
       s_->host_.interrupt(child);
     co_return answer;
+  }
+
+  const protocol::session_policy& policy() const override { return policy_; }
+  int depth() const override { return s_->row_.depth; }
+
+  awaitable<result<void>> act(std::string tool) override {
+    if (!policy_.allows_tool(tool))
+      co_return co_await refuse("the tool '" + tool +
+                                "' is not allowed by the policy of session '" + s_->id().str() +
+                                "' (policy field 'tools')");
+    if (!budget_->try_charge())
+      co_return co_await refuse(
+          "the action budget of this session's tree is spent (" +
+          std::to_string(budget_->options().max_actions) + " actions in " +
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::seconds>(budget_->options().window).count()) +
+          " s, shared with its parent and children); '" + tool + "' was not run");
+    co_return result<void>{};
+  }
+
+  awaitable<result<void>> report_usage(std::int64_t input_tokens,
+                                       std::int64_t output_tokens) override {
+    std::optional<job_id> task = s_->job_ ? std::optional<job_id>(s_->job_->id) : s_->row_.task_id;
+    if (!task)
+      co_return error{errc::not_found, "session '" + s_->id().str() +
+                                           "' works for no task, so its usage was not counted"};
+    auto added = co_await s_->host_.store().add_usage(*task, input_tokens, output_tokens);
+    if (!added) co_return added.error();
+    if (!*added)
+      co_return error{errc::not_found,
+                      "task '" + task->str() + "' of session '" + s_->id().str() +
+                          "' has no row (gone, or a foreground call's); its usage was not "
+                          "counted"};
+    co_return result<void>{};
   }
 
   awaitable<result<std::string>> start_shell(std::string command) override {
@@ -93,6 +152,17 @@ class session::context : public agent_context {
   }
 
   awaitable<result<job_id>> launch_job(launch_request req) override {
+    if (!policy_.shells)
+      co_return co_await refuse("the policy of session '" + s_->id().str() +
+                                "' does not allow shells (policy field 'shells'); nothing was "
+                                "started");
+    auto allowed = co_await act(std::string(protocol::tool_shell));
+    if (!allowed) co_return allowed.error();
+    // The session's policy is what the shell runs under; the agent's request
+    // may tighten it, never loosen it.
+    req.isolate = req.isolate || policy_.isolate_shells();
+    req.allow_network = req.allow_network && policy_.network;
+    if (policy_.writable) req.writable = policy_.writable;
     req.channel = "tool";
     co_return co_await s_->host_.jobs().launch(scope(), std::move(req));
   }
@@ -132,8 +202,111 @@ class session::context : public agent_context {
     co_return co_await store.offload(std::move(read));
   }
 
+  awaitable<result<job_id>> delegate_background(delegate_request req) override {
+    auto call = co_await delegate_call_for(std::move(req));
+    if (!call) co_return call.error();
+    co_return co_await s_->host_.delegation().start_task(std::move(*call));
+  }
+
+  awaitable<result<delegate_view>> delegate_run(
+      delegate_request req, std::optional<std::chrono::milliseconds> timeout) override {
+    auto call = co_await delegate_call_for(std::move(req));
+    if (!call) co_return call.error();
+    co_return co_await s_->host_.delegation().run(std::move(*call), timeout);
+  }
+
+  awaitable<result<delegate_view>> delegate_result(job_id id) override {
+    co_return co_await s_->host_.delegation().result_of(scope(), std::move(id));
+  }
+
+  awaitable<result<delegate_view>> delegate_wait(
+      job_id id, std::optional<std::chrono::milliseconds> timeout) override {
+    co_return co_await s_->host_.delegation().wait(scope(), std::move(id), timeout);
+  }
+
+  awaitable<result<std::vector<delegate_view>>> delegate_list() override {
+    co_return co_await s_->host_.delegation().list(scope());
+  }
+
+  awaitable<result<delegate_view>> delegate_cancel(job_id id) override {
+    co_return co_await s_->host_.delegation().cancel(scope(), std::move(id));
+  }
+
  private:
   using inline_reply = std::shared_ptr<runtime::one_shot<result<std::string>>>;
+
+  // A refusal by policy or budget: written to the transcript (as a control
+  // line the agent's reports never quote), then returned.
+  awaitable<error> refuse(std::string why) {
+    const protocol::scrubber scrub(protocol::scrub_rules::from_env(sandbox::current_environment()));
+    why = protocol::make_preview(scrub.scrub(why), 1000).text;
+    auto line = "refused: " + why;
+    auto written =
+        co_await s_->host_.store().append(s_->id(), "assistant", "control", "error", line);
+    if (!written)
+      s_->host_.warn("session " + s_->id().str() +
+                     ": a refusal was not written to its "
+                     "transcript: " +
+                     written.error().message);
+    co_return error{errc::refused, std::move(why)};
+  }
+
+  // The call the delegates' registry gets: the runtime's scope, depth,
+  // policy (narrowed by the request) and budget, never the model's.
+  awaitable<result<delegate_call>> delegate_call_for(delegate_request req) {
+    auto narrowed = narrowed_policy(req.policy);
+    if (!narrowed) co_return co_await refuse(narrowed.error().message);
+    if (!policy_.allows_path(req.workspace.string()))
+      co_return co_await refuse("the workspace '" + req.workspace.string() +
+                                "' is outside the writable paths of session '" + s_->id().str() +
+                                "' (policy field 'writable'); nothing was started");
+    if (depth() + 1 > policy_.max_depth) co_return co_await refuse(depth_refusal("delegate"));
+    if (req.goal) {
+      auto ok = co_await check_goal(*req.goal);
+      if (!ok) co_return ok.error();
+    }
+    auto allowed = co_await act(std::string(protocol::tool_delegate));
+    if (!allowed) co_return allowed.error();
+    delegate_call c;
+    c.goal = req.goal;
+    c.caller = scope();
+    c.agent = std::move(req.agent);
+    c.prompt = std::move(req.prompt);
+    c.workspace = std::move(req.workspace);
+    c.depth = depth() + 1;
+    c.policy = std::move(*narrowed);
+    c.budget_root = s_->row_.budget_root ? *s_->row_.budget_root : s_->id();
+    co_return c;
+  }
+
+  result<protocol::session_policy> narrowed_policy(
+      const std::optional<protocol::policy_override>& o) const {
+    if (!o) return policy_;
+    auto p = protocol::narrow(policy_, *o);
+    if (!p)
+      return error{errc::refused, "the policy field '" + p.error().field + "' " +
+                                      p.error().problem + "; nothing was started"};
+    return *p;
+  }
+
+  // A goal a task of this session may join: a goal of its tree (anyone
+  // else's reads as missing). Whether it is still running is checked again
+  // by the transaction that admits the task.
+  awaitable<result<void>> check_goal(const job_id& goal) {
+    auto g = co_await s_->host_.goal(s_->id(), goal);
+    if (!g) co_return error{g.error().code, g.error().message + "; nothing was started"};
+    if (g->state != "running")
+      co_return error{errc::conflict, "goal '" + goal.str() + "' is " + g->state +
+                                          ", so no task can join it; nothing was started"};
+    co_return result<void>{};
+  }
+
+  std::string depth_refusal(const char* what) const {
+    return "a " + std::string(what) + " from session '" + s_->id().str() + "' (depth " +
+           std::to_string(depth()) + ") would be at depth " + std::to_string(depth() + 1) +
+           ", past its policy's max_depth " + std::to_string(policy_.max_depth) +
+           "; nothing was started";
+  }
 
   // Registers the job before the child's busy period can start: the child
   // row, its prompt and (background) the running job row in one transaction,
@@ -143,9 +316,27 @@ class session::context : public agent_context {
     if (req.job_policy && !is_job_policy(*req.job_policy))
       co_return error{errc::invalid, "job policy '" + *req.job_policy +
                                          "' is not one of withhold, report_now; nothing was sent"};
+    auto narrowed = narrowed_policy(req.policy);
+    if (!narrowed) co_return co_await refuse(narrowed.error().message);
     session_id child = req.child ? *req.child : session_id(protocol::mint("ses"));
     auto existing = co_await h.store().load_session(child);
     if (!existing) co_return existing.error();
+    if (*existing && req.policy)
+      co_return co_await refuse("a follow-up keeps the policy of session '" + child.str() +
+                                "'; no follow-up was sent");
+    if (!*existing && depth() + 1 > policy_.max_depth)
+      co_return co_await refuse(depth_refusal(req.fork ? "fork" : "subagent"));
+    if (req.goal && !background)
+      co_return error{errc::invalid, "a foreground spawn has no task row to join goal '" +
+                                         req.goal->str() +
+                                         "'; spawn it in the background; nothing was started"};
+    if (req.goal) {
+      auto ok = co_await check_goal(*req.goal);
+      if (!ok) co_return ok.error();
+    }
+    // Counted against the tree's budget like every action (a follow-up too).
+    auto allowed = co_await act(std::string(protocol::tool_spawn));
+    if (!allowed) co_return allowed.error();
     std::optional<session_row> create;
     std::optional<session_id> parent;
     std::optional<bool> notify;
@@ -181,6 +372,11 @@ class session::context : public agent_context {
       row.description = req.description;
       row.agent = req.agent;
       row.tenant = s_->row_.tenant;  // a child or a fork works for the same tenant
+      // A child or a fork works under this session's policy (narrowed, never
+      // widened), one level deeper, and spends this tree's action budget.
+      row.policy = std::move(*narrowed);
+      row.depth = depth() + 1;
+      row.budget_root = s_->row_.budget_root ? *s_->row_.budget_root : s_->id();
       // A subagent reports now by default (its parent gets report 1 with the
       // still-running list, report 2 when its jobs end); a fork, which has no
       // parent to report to, starts like a top-level session.
@@ -206,6 +402,7 @@ class session::context : public agent_context {
       jr.child = child;
       jr.generation = job.generation;
       jr.description = req.description;
+      jr.goal = req.goal;
       row = std::move(jr);
     } else {
       job.inline_reply = make_inline_reply();
@@ -269,6 +466,8 @@ class session::context : public agent_context {
   }
 
   std::shared_ptr<session> s_;
+  const protocol::session_policy policy_;
+  const std::shared_ptr<runtime::action_budget> budget_;
   int shells_ = 0;  // start_shell calls in this busy period, for their keys
 };
 

@@ -160,6 +160,15 @@ awaitable<result<std::string>> turn::spawn_foreground(std::string agent, std::st
   co_return co_await ctx_.spawn_foreground(std::move(req));
 }
 
+awaitable<result<protocol::job_id>> turn::delegate(std::string agent, std::string prompt,
+                                                   std::filesystem::path workspace) {
+  actors::delegate_request req;
+  req.agent = std::move(agent);
+  req.prompt = std::move(prompt);
+  req.workspace = std::move(workspace);
+  co_return co_await ctx_.delegate_background(std::move(req));
+}
+
 namespace {
 
 class fn_agent : public agent {
@@ -333,7 +342,8 @@ result<void> embedded::close() {
   return {};
 }
 
-awaitable<result<session_id>> embedded::create_session(std::string description, std::string agent) {
+awaitable<result<session_id>> embedded::create_session(
+    std::string description, std::string agent, std::optional<protocol::session_policy> policy) {
   if (auto e = stopped("create_session")) co_return *e;
   if (!agents_.count(agent)) {
     std::string known;
@@ -342,7 +352,8 @@ awaitable<result<session_id>> embedded::create_session(std::string description, 
                                        "' is registered with this host (registered: " + known +
                                        "); no session was created"};
   }
-  co_return co_await host_->create_session(std::move(description), std::nullopt, std::move(agent));
+  co_return co_await host_->create_session(std::move(description), std::nullopt, std::move(agent),
+                                           protocol::tenant_id("default"), std::move(policy));
 }
 
 awaitable<result<std::int64_t>> embedded::prompt(session_id s, std::string text) {

@@ -133,7 +133,19 @@ class turn {
   /// Runs a subagent under this turn and returns its report inline.
   awaitable<result<std::string>> spawn_foreground(std::string agent, std::string description,
                                                   std::string prompt);
-  /// Everything else the runtime offers a turn (shells, owned jobs, ...).
+  /// Delegates `prompt` to the agent named `agent` in the background
+  /// (docs/delegation.md): returns the task's id once its row is registered;
+  /// its output is written to <workspace>/delegates/<id>.json and a notice
+  /// arrives in this session's inbox. The task runs under this session's
+  /// policy, one level deeper, on its action budget.
+  awaitable<result<protocol::job_id>> delegate(std::string agent, std::string prompt,
+                                               std::filesystem::path workspace);
+  /// One action of the host's own tool `tool`: refused (and written to the
+  /// transcript) when this session's policy does not allow it or its tree's
+  /// action budget is spent (docs/policy.md).
+  awaitable<result<void>> act(std::string tool) { return ctx_.act(std::move(tool)); }
+  /// Everything else the runtime offers a turn (shells, owned jobs,
+  /// synchronous delegates, policy overrides on spawns, ...).
   actors::agent_context& context() { return ctx_; }
 
  private:
@@ -194,8 +206,11 @@ class embedded {
   const actors::boot_report& boot_report() const { return boot_; }
 
   /// Creates a top-level session run by the agent named `agent`.
-  awaitable<result<session_id>> create_session(std::string description,
-                                               std::string agent = "general");
+  /// `policy`: what its turns (and, narrowed, its children's) may do
+  /// (docs/policy.md); nullopt: options' host.default_policy.
+  awaitable<result<session_id>> create_session(
+      std::string description, std::string agent = "general",
+      std::optional<protocol::session_policy> policy = std::nullopt);
   /// Appends a prompt durably (answered after its commit), then wakes the session.
   awaitable<result<std::int64_t>> prompt(session_id s, std::string text);
   /// Appends a steer: a running busy period takes it in its next turn.

@@ -301,6 +301,23 @@ CREATE TABLE IF NOT EXISTS settlement_intents (
   created_at  INTEGER NOT NULL
 ) WITHOUT ROWID;
 )sql",
+      // 9: subagent policy and goals (docs/policy.md). A session records its
+      // effective policy (JSON; NULL: the host's default, for sessions made
+      // before this step), its depth below its top-level session, and the
+      // root whose action budget it spends (NULL: its own), and the task
+      // its work is counted against (a delegate's session). A task may
+      // belong to a goal (a task of kind `goal`) and carries the model usage
+      // its agent reported.
+      R"sql(
+ALTER TABLE sessions ADD COLUMN policy TEXT;
+ALTER TABLE sessions ADD COLUMN depth INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN budget_root TEXT;
+ALTER TABLE sessions ADD COLUMN task_id TEXT;
+ALTER TABLE tasks ADD COLUMN goal_id TEXT;
+ALTER TABLE tasks ADD COLUMN input_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS tasks_goal ON tasks(goal_id) WHERE goal_id IS NOT NULL;
+)sql",
   };
   return steps;
 }

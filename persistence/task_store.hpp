@@ -22,6 +22,7 @@
 #include "tether/persistence/writer.hpp"
 #include "tether/protocol/ids.hpp"
 #include "tether/protocol/notice.hpp"
+#include "tether/protocol/policy.hpp"
 #include "tether/protocol/report.hpp"
 #include "tether/protocol/scope.hpp"
 
@@ -79,6 +80,11 @@ struct session_row {
   std::optional<protocol::turn_id> turn;  // the current (or last) turn
   bool job_notify = true;                 // its turns may launch background jobs
   std::string job_policy = "withhold";    // withhold | report_now
+  // Policy (schema v9, docs/policy.md).
+  std::optional<protocol::session_policy> policy;  // nullopt: the host's default
+  int depth = 0;                                   // 0: a top-level session
+  std::optional<session_id> budget_root;           // whose action budget; nullopt: its own
+  std::optional<job_id> task_id;                   // the delegated task it runs, if any
 };
 
 struct message_row {
@@ -103,6 +109,7 @@ struct job_row {
   std::optional<session_id> parent;  // who is owed the report
   std::optional<session_id> child;   // whose busy period it reports
   std::int64_t generation = 0;
+  std::optional<job_id> goal;  // the goal it belongs to (must be running)
   job_status status = job_status::running;
   std::optional<std::string> body;  // the rendered report, once terminal
   std::string description;          // the subagent's description
@@ -173,6 +180,7 @@ struct delegate_task {
   std::string preview;    // the scrubbed, bounded prompt
   std::string workspace;  // the directory its artifact goes into
   int depth = 1;
+  std::optional<job_id> goal;    // the goal it belongs to (must be running)
   std::string owner;             // the owning process (runtime::to_string(process_identity))
   std::int64_t lease_until = 0;  // ms since the epoch; a heartbeat moves it on
   delegate_state state = delegate_state::running;
@@ -201,6 +209,27 @@ struct promotion {
   bool promoted = false;               // the intent's state was recorded
   std::optional<receipt> terminal;     // its pending receipt, if promoted
   std::optional<delegate_state> kept;  // not promoted: the state that won first
+};
+
+// ---- goals (docs/policy.md) ----
+
+/// A task that belongs to a goal, as the goal's view shows it.
+struct goal_member {
+  job_id id;
+  std::string kind;
+  std::string state;
+  std::int64_t input_tokens = 0, output_tokens = 0;
+};
+
+/// A goal (a task of kind `goal`) and what rolled up to it.
+struct goal_record {
+  job_id id;
+  owner_scope scope;  // the session that created it
+  session_id root;    // the tree whose sessions may add tasks to it
+  std::string description;
+  std::string state;                                 // running, completed, failed or cancelled
+  std::vector<goal_member> members;                  // oldest first
+  std::int64_t input_tokens = 0, output_tokens = 0;  // summed over its members
 };
 
 /// The reads of the store, through read-only connections that never wait on
@@ -259,6 +288,8 @@ class task_reader {
   result<std::vector<settlement_intent>> settlement_intents();
   /// The kind of a task ("" if there is none).
   result<std::string> task_kind(const job_id& id);
+  /// A goal with its members and their summed usage.
+  result<std::optional<goal_record>> goal(const job_id& id);
 
   /// Runs `fn` (which calls the reads above) on the read threads and resumes
   /// the caller on its executor: how an actor reads (reader_pool::offload).
@@ -397,6 +428,19 @@ class task_store : public task_reader {
                                                             delegate_state terminal,
                                                             std::string error,
                                                             std::string receipt_body);
+
+  // --- goals (docs/policy.md) ---
+  /// Registers a running goal owned by `scope`, open to the tasks of the
+  /// tree rooted at `root`; an existing id is refused (errc::conflict).
+  awaitable<result<void>> admit_goal(job_id id, owner_scope scope, session_id root,
+                                     std::string description);
+  /// The goal's terminal compare-and-set (completed, failed or cancelled)
+  /// with its receipt for its owner; nullopt if it was not running.
+  awaitable<result<std::optional<receipt>>> close_goal(job_id id, std::string state,
+                                                       std::string receipt_body);
+  /// Adds model usage to a task; false if there is no such task.
+  awaitable<result<bool>> add_usage(job_id task, std::int64_t input_tokens,
+                                    std::int64_t output_tokens);
 
   /// Records the sandbox generation this host is bound to.
   awaitable<result<void>> bind_sandbox(protocol::sandbox_id sandbox, std::uint64_t generation);

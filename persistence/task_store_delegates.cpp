@@ -16,6 +16,21 @@ namespace json = boost::json;
 using protocol::transition;
 using runtime::now_ms;
 
+result<receipt> receipt_of(const job_id& id, transition t, const terminal_written& won,
+                           std::string body) {
+  auto scope = protocol::decode_text<owner_scope>(
+      won.scope, [](const json::value& v) { return protocol::scope_from_json(v); });
+  if (!scope) return corrupt_row("tasks", id.str(), "scope: " + scope.error().describe());
+  receipt r;
+  r.transition = t;
+  r.id = protocol::make_event_id(id, t);
+  r.job = id;
+  r.scope = std::move(*scope);
+  r.body = std::move(body);
+  r.created_at = won.created_at;
+  return r;
+}
+
 std::string_view to_string(delegate_state s) {
   switch (s) {
     case delegate_state::running:
@@ -145,21 +160,6 @@ std::string completion_text(const std::string& artifact, const std::string& dige
   return protocol::to_text(c);
 }
 
-result<receipt> receipt_of(const job_id& id, transition t, const terminal_written& won,
-                           std::string body) {
-  auto scope = protocol::decode_text<owner_scope>(
-      won.scope, [](const json::value& v) { return protocol::scope_from_json(v); });
-  if (!scope) return corrupt_row("tasks", id.str(), "scope: " + scope.error().describe());
-  receipt r;
-  r.transition = t;
-  r.id = protocol::make_event_id(id, t);
-  r.job = id;
-  r.scope = std::move(*scope);
-  r.body = std::move(body);
-  r.created_at = won.created_at;
-  return r;
-}
-
 void delete_intent(SQLite::Database& db, const job_id& id) {
   auto& d = cached_statement(db, "DELETE FROM settlement_intents WHERE task_id = ?");
   d.bind(1, id.str());
@@ -211,8 +211,9 @@ awaitable<result<void>> task_store::admit_delegate(delegate_task t) {
     auto& st = cached_statement(db,
                                 "INSERT OR IGNORE INTO tasks (id, kind, tenant, thread, turn, "
                                 "scope, state, payload, owner, lease_until, created_at, "
-                                "updated_at) VALUES (?, 'delegate', ?, ?, ?, ?, 'running', ?, ?, "
-                                "?, ?, ?)");
+                                "updated_at, goal_id) VALUES (?, 'delegate', ?, ?, ?, ?, "
+                                "'running', ?, ?, ?, ?, ?, ?)");
+    if (t.goal) require_open_goal(db, *t.goal);
     auto now = now_ms();
     json::object payload{
         {"agent", t.agent}, {"preview", t.preview}, {"workspace", t.workspace}, {"depth", t.depth}};
@@ -226,6 +227,10 @@ awaitable<result<void>> task_store::admit_delegate(delegate_task t) {
     st.bind(8, t.lease_until);
     st.bind(9, now);
     st.bind(10, now);
+    if (t.goal)
+      st.bind(11, t.goal->str());
+    else
+      st.bind(11);
     if (st.exec() != 1)
       return error{errc::conflict, "task id '" + t.id.str() +
                                        "' is already registered; the existing task was kept and "

@@ -84,8 +84,9 @@ void insert_job(SQLite::Database& db, const job_row& r) {
   auto& st =
       cached_statement(db,
                        "INSERT INTO tasks (id, notification_id, kind, mode, parent_id, child_id, "
-                       "generation, state, body, payload, created_at, updated_at) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+                       "generation, state, body, payload, created_at, updated_at, goal_id) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+  if (r.goal) require_open_goal(db, *r.goal);
   auto now = now_ms();
   st.bind(1, r.id.str());
   st.bind(2, r.nid.str());
@@ -102,6 +103,10 @@ void insert_job(SQLite::Database& db, const job_row& r) {
   st.bind(10, job_payload_text(r));
   st.bind(11, now);
   st.bind(12, now);
+  if (r.goal)
+    st.bind(13, r.goal->str());
+  else
+    st.bind(13);
   st.exec();
   insert_subagent_started(db, r);
   // A terminal subagent row is written with its report owed: its terminal
@@ -130,10 +135,12 @@ void insert_session(SQLite::Database& db, const session_row& r) {
   auto& st =
       cached_statement(db,
                        "INSERT INTO sessions (id, parent_id, parent_notify, description, agent, "
-                       "status, created_at, tenant, job_notify, job_policy) "
+                       "status, created_at, tenant, job_notify, job_policy, policy, depth, "
+                       "budget_root, task_id) "
                        "VALUES (?, ?, ?, ?, ?, 'idle', ?, "
                        // A child is in its parent's tenant.
-                       "coalesce((SELECT tenant FROM sessions WHERE id = ?2), ?), ?, ?)");
+                       "coalesce((SELECT tenant FROM sessions WHERE id = ?2), ?), ?, ?, ?, ?, ?, "
+                       "?)");
   st.bind(1, r.id.str());
   bind_opt(st, 2, r.parent);
   if (r.notify)
@@ -146,6 +153,16 @@ void insert_session(SQLite::Database& db, const session_row& r) {
   st.bind(7, r.tenant.str());
   st.bind(8, r.job_notify ? 1 : 0);
   st.bind(9, r.job_policy);
+  if (r.policy)
+    st.bind(10, protocol::to_text(protocol::to_json(*r.policy)));
+  else
+    st.bind(10);
+  st.bind(11, r.depth);
+  bind_opt(st, 12, r.budget_root);
+  if (r.task_id)
+    st.bind(13, r.task_id->str());
+  else
+    st.bind(13);
   st.exec();
 }
 
@@ -226,7 +243,8 @@ result<message_row> decode_message(const std::string& session, SQLite::Statement
 
 constexpr const char* k_session_cols =
     "id, parent_id, parent_notify, description, agent, status, time_suspended, resume_attempts, "
-    "seq, revert_staged, input_cursor, idle_outcome, tenant, turn, job_notify, job_policy";
+    "seq, revert_staged, input_cursor, idle_outcome, tenant, turn, job_notify, job_policy, "
+    "policy, depth, budget_root, task_id";
 
 result<session_row> decode_session(SQLite::Statement& q) {
   session_row r;
@@ -251,6 +269,18 @@ result<session_row> decode_session(SQLite::Statement& q) {
   r.job_policy = q.getColumn(15).getString();
   if (r.job_policy != "withhold" && r.job_policy != "report_now")
     return corrupt_row("sessions", r.id.str(), "job_policy: unknown value '" + r.job_policy + "'");
+  if (auto text = opt_text(q.getColumn(16))) {
+    auto v = protocol::parse_json(*text);
+    if (!v) return corrupt_row("sessions", r.id.str(), "policy: " + v.error().describe());
+    auto p = protocol::policy_from_json(*v);
+    if (!p) return corrupt_row("sessions", r.id.str(), p.error().describe());
+    r.policy = std::move(*p);
+  }
+  r.depth = q.getColumn(17).getInt();
+  if (r.depth < 0)
+    return corrupt_row("sessions", r.id.str(), "depth: negative (" + std::to_string(r.depth) + ")");
+  if (auto b = opt_text(q.getColumn(18))) r.budget_root = session_id(*b);
+  if (auto t = opt_text(q.getColumn(19))) r.task_id = job_id(*t);
   if (r.tenant.empty()) return corrupt_row("sessions", r.id.str(), "tenant: empty");
   if (r.seq < 0)
     return corrupt_row("sessions", r.id.str(), "seq: negative (" + std::to_string(r.seq) + ")");

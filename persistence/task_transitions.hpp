@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tether/persistence/database.hpp"
+#include "tether/persistence/task_store.hpp"
 #include "tether/protocol/ids.hpp"
 #include "tether/protocol/notice.hpp"
 #include "tether/protocol/scope.hpp"
@@ -46,6 +47,16 @@ inline result<std::optional<T>> first_of(result<std::vector<T>> all) {
   if (all->empty()) return std::optional<T>{};
   return std::optional<T>(std::move(all->front()));
 }
+
+struct terminal_written;
+/// The receipt a won terminal transition wrote, for the caller to hand over.
+result<receipt> receipt_of(const protocol::job_id& id, protocol::transition t,
+                           const terminal_written& won, std::string body);
+
+/// Throws error_exception (errc::conflict, rolling back the caller's
+/// request) unless `goal` is a running goal: a task joins a goal in the
+/// transaction that admits it, or not at all.
+void require_open_goal(SQLite::Database& db, const protocol::job_id& goal);
 
 /// One task's terminal transition and its receipt.
 struct terminal_write {

@@ -159,6 +159,8 @@ void writer::run_batch(std::deque<std::unique_ptr<detail::request>>& batch) {
       int code = e.getErrorCode();
       err = error{code == SQLITE_CONSTRAINT ? errc::conflict : errc::io,
                   "'" + r.name + "' failed: " + sqlite_message(e) + "; it was rolled back alone"};
+    } catch (const error_exception& e) {
+      err = e.err();  // a request's own refusal, mid-transaction (its code kept)
     } catch (const std::exception& e) {
       err = error{errc::failed, "'" + r.name + "' threw: " + std::string(e.what()) +
                                     "; it was rolled back alone"};

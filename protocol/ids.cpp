@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <random>
 
 namespace tether::protocol {
 
@@ -93,6 +94,19 @@ std::string mint(std::string_view prefix) {
   std::snprintf(buf, sizeof buf, "_%012llx%04x", static_cast<unsigned long long>(us),
                 counter.fetch_add(1) & 0xffff);
   return std::string(prefix) + buf;
+}
+
+std::string random_uuid() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::uint64_t a = rng(), b = rng();
+  a = (a & 0xffffffffffff0fffULL) | 0x0000000000004000ULL;  // version 4
+  b = (b & 0x3fffffffffffffffULL) | 0x8000000000000000ULL;  // variant 1
+  char buf[37];
+  std::snprintf(buf, sizeof buf, "%08x-%04x-%04x-%04x-%012llx", static_cast<unsigned>(a >> 32),
+                static_cast<unsigned>((a >> 16) & 0xffff), static_cast<unsigned>(a & 0xffff),
+                static_cast<unsigned>(b >> 48),
+                static_cast<unsigned long long>(b & 0xffffffffffffULL));
+  return buf;
 }
 
 }  // namespace tether::protocol

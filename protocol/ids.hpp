@@ -50,6 +50,9 @@ event_id make_event_id(const job_id& job, transition t);
 /// a clock stepped back cannot mint an id older than one already stored.
 std::string mint(std::string_view prefix);
 
+/// A random UUID (version 4) in its 36-character text form.
+std::string random_uuid();
+
 /// Raises the time mint() starts from past `id` if it is a minted id
 /// (anything else is ignored). The store calls it with the newest id it holds.
 void mint_floor(std::string_view id);

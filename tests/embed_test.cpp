@@ -306,3 +306,41 @@ TEST_CASE("embed: a session that was mid-turn at shutdown resumes at the next op
   CHECK(t->back().text == "echo: take your time");
   REQUIRE(h->close());
 }
+
+TEST_CASE("embed: a turn's delegate runs the named agent and its notice reaches the caller once") {
+  tether::test::scratch_dir dir("embed-delegate");
+  auto noticed = std::make_shared<std::promise<std::string>>();
+  auto ws = dir.path() / "ws";
+  auto boss = [noticed, ws](tether::turn& t) -> asio::awaitable<void> {
+    for (const auto& m : t.inputs()) {
+      if (m.kind == message_kind::prompt) {
+        auto id = co_await t.delegate("echo", m.text, ws);
+        if (!id) throw std::runtime_error(id.error().message);
+        co_await t.say("delegated " + id->str());
+      } else if (m.kind == message_kind::notice) {
+        co_await t.say("got the notice");
+        noticed->set_value(m.text);
+      }
+    }
+  };
+  auto o = echo_options(dir);
+  o.add_agent("boss", boss);
+  auto h = open_host(std::move(o));
+  auto p = h->block(h->create_session("boss", "boss"));
+  REQUIRE(p);
+  REQUIRE(h->block(h->prompt(*p, "summarise")));
+  auto notice = noticed->get_future().get();
+  CHECK_THAT(notice, Catch::Contains("echo: summarise"));
+  REQUIRE(h->block(h->wait_quiescent()));
+  auto t = h->transcript(*p);
+  REQUIRE(t);
+  int notices = 0;
+  for (const auto& m : *t)
+    if (m.kind == message_kind::notice) ++notices;
+  CHECK(notices == 1);
+  // The artifact is where the call said, and the row holds only its reference.
+  REQUIRE((*t)[1].text.rfind("delegated dlg_", 0) == 0);
+  auto id = (*t)[1].text.substr(std::string("delegated ").size());
+  CHECK(std::filesystem::exists(ws / "delegates" / (id + ".json")));
+  REQUIRE(h->close());
+}

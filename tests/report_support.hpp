@@ -105,6 +105,9 @@ struct mixed_agents : actors::agent_factory {
   std::shared_ptr<actors::agent> make(const persistence::session_row& s) override {
     auto it = code.find(s.id.str());
     if (it != code.end()) return it->second;
+    // Code for every session of an agent: code("agent:NAME").
+    it = code.find("agent:" + s.agent);
+    if (it != code.end()) return it->second;
     return scripted->make(s);
   }
 };
