@@ -36,6 +36,17 @@ inline void emit(std::string_view bench, std::string_view figure, double value,
   std::fflush(stdout);
 }
 
+/// emit() for a figure whose value is a word (a mode, a setting): prints
+/// {"bench":...,"figure":...,"value":"<text>","unit":...}.
+inline void emit_text(std::string_view bench, std::string_view figure, std::string_view text,
+                      std::string_view unit) {
+  std::printf("{\"bench\":\"%.*s\",\"figure\":\"%.*s\",\"value\":\"%.*s\",\"unit\":\"%.*s\"}\n",
+              static_cast<int>(bench.size()), bench.data(), static_cast<int>(figure.size()),
+              figure.data(), static_cast<int>(text.size()), text.data(),
+              static_cast<int>(unit.size()), unit.data());
+  std::fflush(stdout);
+}
+
 /// The p-th percentile (0..100) by nearest rank; reorders `v`.
 inline double percentile(std::vector<double>& v, double p) {
   if (v.empty()) return NAN;

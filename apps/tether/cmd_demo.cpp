@@ -1,21 +1,26 @@
 // `tether demo`: the seed's Figure 1 story with the real runtime, then the
-// same story in a child process that is SIGKILLed mid-settle and restarted.
+// same story in a child process that is SIGKILLed mid-settle and restarted;
+// then a turn's owned jobs in a sandbox daemon, and a delegated task whose
+// host is SIGKILLed between its artifact and its promotion.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "command.hpp"
 #include "tether/actors/host.hpp"
 #include "tether/persistence/task_store.hpp"
+#include "tether/runtime/artifact.hpp"
 #include "tether/runtime/sync_wait.hpp"
 #include "tether/sandbox/daemon_process.hpp"
 #include "tether/sandbox/state_dir.hpp"
@@ -191,17 +196,39 @@ int resume_child(const fs::path& dir) {
 }
 
 // Runs this `tether` with `args` in a child process, with TETHER_CRASH_AT set
-// when `crash_at` is given; returns the raw wait status.
-int run_self(const std::vector<std::string>& args, const char* crash_at) {
+// when `crash_at` is given; returns the raw wait status. With `out`, the
+// child's stdout is collected there instead of shared with ours.
+int run_self(const std::vector<std::string>& args, const char* crash_at,
+             std::string* out = nullptr) {
+  std::cout.flush();  // what we printed comes before what the child prints
+  std::fflush(stdout);
+  int fds[2] = {-1, -1};
+  if (out && ::pipe(fds) != 0) fds[0] = fds[1] = -1;
   pid_t pid = ::fork();
   if (pid == 0) {
     if (crash_at) ::setenv("TETHER_CRASH_AT", crash_at, 1);
+    if (fds[1] >= 0) {
+      ::dup2(fds[1], STDOUT_FILENO);
+      ::close(fds[0]);
+      ::close(fds[1]);
+    }
     std::string self = self_dir() + "/tether";
     std::vector<char*> argv{self.data()};
     for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     ::execv(self.c_str(), argv.data());
     ::_exit(127);
+  }
+  if (fds[1] >= 0) {
+    ::close(fds[1]);
+    char buf[4096];
+    for (;;) {
+      auto n = ::read(fds[0], buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      out->append(buf, static_cast<std::size_t>(n));
+    }
+    ::close(fds[0]);
   }
   int status = 0;
   ::waitpid(pid, &status, 0);
@@ -307,6 +334,112 @@ void jobs_part(const fs::path& root, int& failures) {
     std::cout << "  stopping the sandbox daemon: " << r.error().message << "\n";
 }
 
+// What a delegate story left on disk: its one task, intents, receipts, notices.
+struct delegate_check {
+  std::optional<persistence::delegate_task> task;
+  int intents = 0, terminal_receipts = 0, undelivered = 0, notices = 0;
+  std::string notice;           // the originator's notice, as its transcript holds it
+  bool artifact_valid = false;  // the file's SHA-256 is the recorded (or intended) digest
+  std::string why;              // set when the store could not be read
+};
+
+delegate_check read_delegate(const fs::path& dir) {
+  delegate_check c;
+  auto db = (dir / "tether.db").string();
+  if (auto v = persistence::check_readable(db); !v) return c.why = v.error().message, c;
+  persistence::task_reader store(db);
+  auto tasks = store.delegates();
+  auto intents = store.settlement_intents();
+  if (!tasks || !intents || tasks->size() != 1)
+    return c.why = "expected one delegated task in " + db, c;
+  c.task = tasks->front();
+  c.intents = static_cast<int>(intents->size());
+  // Before promotion the digest is the intent's; after, the row's.
+  std::optional<std::string> path = c.task->artifact, digest = c.task->digest;
+  if (!intents->empty()) path = intents->front().artifact, digest = intents->front().digest;
+  if (path && digest) {
+    auto bytes = runtime::read_artifact(*path, 1u << 20);
+    c.artifact_valid = bytes && runtime::sha256_digest(*bytes) == *digest;
+  }
+  auto rs = store.receipts_of(c.task->id);
+  for (auto& r : rs ? *rs : std::vector<persistence::receipt>{}) {
+    if (r.transition == protocol::transition::started) continue;
+    ++c.terminal_receipts;
+    c.undelivered += r.state == persistence::receipt_state::pending ||
+                     r.state == persistence::receipt_state::dropped;
+  }
+  auto head = "[delegated task " + c.task->id.str() + " (worker) completed]";
+  auto msgs = store.messages(session_id("ses_origin"));
+  for (auto& m : msgs ? *msgs : std::vector<persistence::message_row>{})
+    if (m.text.find(head) != std::string::npos) {
+      ++c.notices;
+      c.notice = m.text;
+    }
+  return c;
+}
+
+void print_lines(const std::string& text, const char* indent) {
+  std::istringstream in(text);
+  std::string l;
+  while (std::getline(in, l)) std::cout << indent << l << "\n";
+}
+
+// Part 4: a background delegated task whose host is SIGKILLed after its
+// artifact was published and before the promotion (`tether delegate-story`,
+// docs/delegation.md); the restart's recovery finishes the settlement.
+void delegate_part(const fs::path& root, int& failures) {
+  const char* at = "delegate.artifact.after_publish:1";
+  fs::path dir = root / "delegate";
+  std::cout << "\nDelegated task: session ses_origin hands \"Summarise the failing tests.\" to\n"
+               "agent \"worker\" in the background. Its settlement is an intent first (the digest\n"
+               "of the exact bytes), then the artifact file (fsynced), then one transaction that\n"
+               "promotes it. The host is SIGKILLed between the artifact and the promotion\n"
+               "(TETHER_CRASH_AT="
+            << at << ").\n";
+  std::string said;
+  int st = run_self({"delegate-story", "--story", dir.string()}, at, &said);
+  print_lines(said, "  host: ");
+  expect(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL,
+         "the host died by SIGKILL after publishing the artifact, before promoting it", failures);
+  auto before = read_delegate(dir);
+  if (!before.task) {
+    expect(false, "the task is on disk: " + before.why, failures);
+    return;
+  }
+  std::cout << "  on disk after the kill: task " << before.task->id.str() << " "
+            << persistence::to_string(before.task->state) << ", " << before.intents
+            << " settlement intent,\n    its artifact "
+            << (before.artifact_valid ? "on disk and matching the intent's digest"
+                                      : "missing or not matching the intent's digest")
+            << ", " << before.notices << " notice(s) for ses_origin\n";
+  expect(before.task->state == persistence::delegate_state::running && before.intents == 1 &&
+             before.artifact_valid && before.notices == 0,
+         "the task is still running with its intent and its published artifact; no notice yet",
+         failures);
+  said.clear();
+  st = run_self({"delegate-story", "--resume", dir.string()}, nullptr, &said);
+  print_lines(said, "  restart: ");
+  expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the restarted host booted and finished", failures);
+  auto after = read_delegate(dir);
+  if (!after.task) {
+    expect(false, "the task is on disk: " + after.why, failures);
+    return;
+  }
+  std::cout << "  after the restart: task " << after.task->id.str() << " "
+            << persistence::to_string(after.task->state) << "\n    artifact "
+            << after.task->artifact.value_or("(none)") << "\n    " << after.task->bytes
+            << " bytes, " << after.task->digest.value_or("no digest") << "\n";
+  std::cout << "  the notice in ses_origin's transcript:\n";
+  print_lines(after.notice, "    ");
+  std::cout << "\nChecks after the restart:\n";
+  expect(said.find("recovered: promoted 1,") != std::string::npos &&
+             after.task->state == persistence::delegate_state::completed && after.artifact_valid &&
+             after.intents == 0,
+         "recovery checked the artifact against its digest and promoted it, once", failures);
+  expect(after.terminal_receipts == 1 && after.undelivered == 0 && after.notices == 1,
+         "the originator's notice was delivered once (one terminal receipt, one notice)", failures);
+}
+
 int demo(const args& a) {
   if (a.size() == 2 && a[0] == "--story") return story_child(a[1]);
   if (a.size() == 2 && a[0] == "--resume") return resume_child(a[1]);
@@ -397,6 +530,7 @@ int demo(const args& a) {
     (*h)->shutdown();
   }
   jobs_part(root, failures);
+  delegate_part(root, failures);
   // Parts 1 and 2 configured no sandbox: each host ran its shell in a local
   // daemon beside its database, detached; the demo's directory goes, so do they.
   for (auto& dir : {live, crashed})
@@ -410,8 +544,8 @@ int demo(const args& a) {
     std::cout << "\ntether demo: " << failures << " check(s) failed\n";
     return 1;
   }
-  std::cout << "\nOK: every busy period reported once and every job receipt delivered once, before "
-               "and after a SIGKILL.\n";
+  std::cout << "\nOK: every busy period reported once, every job receipt and the delegated task's "
+               "notice\ndelivered once, before and after a SIGKILL.\n";
   return 0;
 }
 
