@@ -189,7 +189,7 @@ std::vector<lifecycle> build() {
         {"tenant", F::elsewhere, "the parent session's tenant, in receipts.scope"},
         {"depth", F::absent, "not recorded (nesting is the chain of parent sessions)"},
         {"usage", F::absent, "no token counts recorded"},
-        {"owner", F::absent, "no owner process recorded: any host on the file resumes it"},
+        {"owner", F::absent, "no owner process recorded: the next boot on the file resumes it"},
         {"lease", F::absent, "no heartbeat lease"},
         {"goal", F::absent, "no goal relation (goals are not built)"},
     };

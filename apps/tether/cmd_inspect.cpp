@@ -293,9 +293,9 @@ int inspect(const args& a) {
 
 registrar inspect_cmd{
     {"inspect",
-     "DB [--json] [--task ID | --lifecycle]: sessions, owed reports, job rows, inboxes, owned "
-     "jobs and receipts; or one task against its kind's lifecycle; or every kind's lifecycle "
-     "(read-only)",
+     "DB [--json]: sessions, owed reports, every task, inboxes and receipts;\n"
+     "                 DB --task ID [--json]: one task against its kind's lifecycle;\n"
+     "                 DB --lifecycle [--json]: every kind's lifecycle (all read-only)",
      inspect}};
 
 }  // namespace

@@ -244,8 +244,11 @@ void print_task(std::ostream& out, const std::string& path, int version, const t
       auto live = owner_liveness(value_of(r.task, "owner", nullptr));
       out << "      owner process: " << live.word << " (" << shown(live.why) << ")\n";
     }
-    if (f == "lease")
-      out << "      lease: " << lease_text(value_of(r.task, "lease_until", nullptr)) << "\n";
+    if (f == "lease") {
+      auto lease = value_of(r.task, "lease_until", nullptr);
+      out << "      lease: " << lease_text(lease)
+          << (lease && s && s->terminal ? " (inert: the task is terminal)" : "") << "\n";
+    }
   }
 
   if (r.intent) {
