@@ -1,12 +1,15 @@
 // `tether inspect DB [--json]`: what a tether database holds, read through a
 // read-only connection: sessions, owed reports (terminal job rows), job rows,
 // every session's inbox, owned jobs and their receipts. Never creates,
-// migrates or writes the file.
+// migrates or writes the file. `--task ID` and `--lifecycle`: one task
+// against its kind's lifecycle, and the lifecycle table (inspect_lifecycle.hpp).
 #include <algorithm>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "command.hpp"
+#include "inspect_lifecycle.hpp"
 #include "tether/persistence/task_store.hpp"
 #include "tether/protocol/json.hpp"
 
@@ -247,23 +250,33 @@ void print_tasks(std::ostream& out, const snapshot& s) {
   if (!s.receipts.empty()) table(out, rows);
 }
 
+constexpr const char* k_usage = "usage: tether inspect DB [--json] [--task ID | --lifecycle]\n";
+
 int inspect(const args& a) {
   std::string path;
-  bool as_json = false;
-  for (auto& arg : a) {
+  std::optional<std::string> task;
+  bool as_json = false, lifecycle = false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto& arg = a[i];
     if (arg == "--json") {
       as_json = true;
+    } else if (arg == "--lifecycle" && !task) {
+      lifecycle = true;
+    } else if (arg == "--task" && !lifecycle && !task && i + 1 < a.size() && !a[i + 1].empty()) {
+      task = a[++i];
     } else if (path.empty() && !arg.empty() && arg[0] != '-') {
       path = arg;
     } else {
-      std::cerr << "usage: tether inspect DB [--json]\n";
+      std::cerr << k_usage;
       return 2;
     }
   }
   if (path.empty()) {
-    std::cerr << "usage: tether inspect DB [--json]\n";
+    std::cerr << k_usage;
     return 2;
   }
+  if (lifecycle) return inspect_lifecycle(path, as_json);
+  if (task) return inspect_task(path, *task, as_json);
   auto s = read_snapshot(path);
   if (!s) {
     std::cerr << "tether inspect: " << s.error().message << "\n";
@@ -280,7 +293,9 @@ int inspect(const args& a) {
 
 registrar inspect_cmd{
     {"inspect",
-     "DB [--json]: sessions, owed reports, job rows, inboxes, owned jobs and receipts (read-only)",
+     "DB [--json]: sessions, owed reports, every task, inboxes and receipts;\n"
+     "                 DB --task ID [--json]: one task against its kind's lifecycle;\n"
+     "                 DB --lifecycle [--json]: every kind's lifecycle (all read-only)",
      inspect}};
 
 }  // namespace
