@@ -118,6 +118,20 @@ std::string_view local_shell_meaning(job_status s) {
   return "";
 }
 
+std::string_view meaning(goal_state s) {
+  switch (s) {
+    case goal_state::running:
+      return "open: tasks of its tree may join it (spawn_request::goal, delegate_request::goal)";
+    case goal_state::completed:
+      return "closed by a session of its tree as done (host::close_goal); no task joins it now";
+    case goal_state::failed:
+      return "closed by a session of its tree as failed; no task joins it now";
+    case goal_state::cancelled:
+      return "closed by a session of its tree as cancelled; its members are not cancelled with it";
+  }
+  return {};
+}
+
 std::vector<state_meaning> subagent_states() {
   std::vector<state_meaning> out;
   for (auto s : every<job_status>())
@@ -148,6 +162,13 @@ std::vector<state_meaning> local_shell_states() {
   out.push_back({std::string(to_string(owned_state::lost)), true,
                  "still running at schema step 6 (its result was never kept): settled lost, its "
                  "owner told once; never run again"});
+  return out;
+}
+
+std::vector<state_meaning> goal_states() {
+  std::vector<state_meaning> out;
+  for (auto s : every<goal_state>())
+    out.push_back({std::string(to_string(s)), s != goal_state::running, meaning(s)});
   return out;
 }
 
@@ -187,11 +208,15 @@ std::vector<lifecycle> build() {
         {"originator", F::elsewhere,
          "receipts.scope: the parent's tenant, the parent as thread, its turn"},
         {"tenant", F::elsewhere, "the parent session's tenant, in receipts.scope"},
-        {"depth", F::absent, "not recorded (nesting is the chain of parent sessions)"},
-        {"usage", F::absent, "no token counts recorded"},
+        {"depth", F::elsewhere, "sessions.depth of its child (0: a top-level session)"},
+        {"usage", F::row,
+         "input_tokens, output_tokens: what the child's agent reported "
+         "(agent_context::report_usage) while this task ran (a background spawn's)"},
         {"owner", F::absent, "no owner process recorded: the next boot on the file resumes it"},
         {"lease", F::absent, "no heartbeat lease"},
-        {"goal", F::absent, "no goal relation (goals are not built)"},
+        {"goal", F::row,
+         "goal_id: spawn_request::goal (a background spawn's), checked open in "
+         "the admitting transaction"},
     };
     l.recovery_can_duplicate = true;
     l.recovery =
@@ -233,11 +258,11 @@ std::vector<lifecycle> build() {
          "runtime"},
         {"tenant", F::row, "tenant, equal to scope.tenant"},
         {"depth", F::absent, "not recorded"},
-        {"usage", F::absent, "no token counts recorded"},
+        {"usage", F::absent, "no token counts recorded (a shell has no model)"},
         {"owner", F::elsewhere,
          "the sandbox daemon of scope.sandbox at scope.generation; no process identity"},
         {"lease", F::absent, "no heartbeat lease on the task"},
-        {"goal", F::absent, "no goal relation (goals are not built)"},
+        {"goal", F::absent, "a shell joins no goal"},
     };
     l.recovery_can_duplicate = false;
     l.recovery =
@@ -281,10 +306,14 @@ std::vector<lifecycle> build() {
          "cancel check it"},
         {"tenant", F::row, "tenant"},
         {"depth", F::row, "payload.depth (the caller's depth + 1)"},
-        {"usage", F::absent, "no token counts recorded"},
+        {"usage", F::row,
+         "input_tokens, output_tokens: what its session's agent reported "
+         "(agent_context::report_usage)"},
         {"owner", F::row, "owner: v1:<pid>:<start>:<boot id>:<nonce>"},
         {"lease", F::row, "lease_until (ms since the epoch), renewed by the owner's heartbeat"},
-        {"goal", F::absent, "no goal relation (goals are not built)"},
+        {"goal", F::row,
+         "goal_id: delegate_request::goal, checked open in the admitting "
+         "transaction"},
     };
     l.recovery_can_duplicate = false;
     l.recovery =
@@ -330,6 +359,43 @@ std::vector<lifecycle> build() {
     l.delivery =
         "step 6 admitted its one notice under its notification id (a repeat is dropped "
         "by the inbox's key); nothing else is owed";
+    out.push_back(std::move(l));
+  }
+  {
+    lifecycle l;
+    l.kind = "goal";
+    l.admitted = "yes";
+    l.owner = "the host (host::create_goal, goal, close_goal); no actor runs it";
+    l.store = "tasks (its members: tasks whose goal_id names it; receipts: its closing notice)";
+    l.durable = durability::restart_resumable;
+    l.durable_why =
+        "a goal is a record, not a process: it stays open across restarts until a session of "
+        "its tree closes it";
+    l.cancel = "host::close_goal(.., \"cancelled\") by a session of its tree";
+    l.in_flight =
+        "its members: closing a goal cancels none of them; they keep running and settle as "
+        "their own kinds do";
+    l.states_from = "persistence::goal_state";
+    l.states = goal_states();
+    l.waits = "none: open until closed; no approval or checkpoint state";
+    l.fields = {
+        {"parent", F::absent, "a goal has no parent task"},
+        {"child", F::elsewhere, "its members: tasks with goal_id = its id"},
+        {"agent", F::absent, "a goal runs no agent"},
+        {"originator", F::row, "thread, turn, scope: the session that created it"},
+        {"tenant", F::row, "tenant"},
+        {"depth", F::absent, "not recorded"},
+        {"usage", F::elsewhere, "summed over its members' input_tokens and output_tokens"},
+        {"owner", F::absent, "no owning process: nothing runs"},
+        {"lease", F::absent, "no lease: nothing runs"},
+        {"goal", F::absent, "goals do not nest"},
+    };
+    l.recovery_can_duplicate = false;
+    l.recovery = "recovery does nothing to a goal: it runs nothing";
+    l.delivery_idempotent = true;
+    l.delivery =
+        "its closing receipt <goal>/<transition> stays pending until admitted into the "
+        "creator's inbox; boot resends it and the inbox drops a repeat";
     out.push_back(std::move(l));
   }
   return out;

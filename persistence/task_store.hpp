@@ -213,6 +213,10 @@ struct promotion {
 
 // ---- goals (docs/policy.md) ----
 
+enum class goal_state { running, completed, failed, cancelled };
+std::string_view to_string(goal_state s);
+bool parse(std::string_view s, goal_state& out);
+
 /// A task that belongs to a goal, as the goal's view shows it.
 struct goal_member {
   job_id id;

@@ -14,6 +14,30 @@ namespace tether::persistence {
 namespace json = boost::json;
 using runtime::now_ms;
 
+std::string_view to_string(goal_state s) {
+  switch (s) {
+    case goal_state::running:
+      return "running";
+    case goal_state::completed:
+      return "completed";
+    case goal_state::failed:
+      return "failed";
+    case goal_state::cancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+bool parse(std::string_view s, goal_state& out) {
+  for (auto g :
+       {goal_state::running, goal_state::completed, goal_state::failed, goal_state::cancelled})
+    if (to_string(g) == s) {
+      out = g;
+      return true;
+    }
+  return false;
+}
+
 void require_open_goal(SQLite::Database& db, const job_id& goal) {
   auto& q = cached_statement(db, "SELECT state FROM tasks WHERE id = ? AND kind = 'goal'");
   q.bind(1, goal.str());
@@ -108,16 +132,13 @@ awaitable<result<void>> task_store::admit_goal(job_id id, owner_scope scope, ses
 
 awaitable<result<std::optional<receipt>>> task_store::close_goal(job_id id, std::string state,
                                                                  std::string receipt_body) {
-  protocol::transition t;
-  if (state == "completed")
-    t = protocol::transition::completed;
-  else if (state == "failed")
-    t = protocol::transition::failed;
-  else if (state == "cancelled")
-    t = protocol::transition::cancelled;
-  else
+  goal_state g;
+  if (!parse(state, g) || g == goal_state::running)
     co_return error{errc::invalid, "a goal closes completed, failed or cancelled, not '" + state +
                                        "'; it was left as it was"};
+  auto t = g == goal_state::completed ? protocol::transition::completed
+           : g == goal_state::failed  ? protocol::transition::failed
+                                      : protocol::transition::cancelled;
   auto name = "close goal " + id.str();
   std::size_t bytes = receipt_body.size() + 256;
   auto fn = [id = std::move(id), state = std::move(state), t, body = std::move(receipt_body)](

@@ -188,11 +188,13 @@ TEST_CASE(
       CHECK_FALSE(s.meaning.empty());
     }
   }
-  CHECK(kinds == std::set<std::string>{"subagent", "shell", "delegate", "local_shell"});
+  CHECK(kinds == std::set<std::string>{"subagent", "shell", "delegate", "local_shell", "goal"});
   CHECK(state_words("delegate") == delegate_words());
   CHECK(state_words("shell") == shell_words());
   CHECK(state_words("subagent") == subagent_words());
-  CHECK(lifecycle_of("goal") == nullptr);  // goals are not built: no row pretends they are
+  CHECK(state_words("goal") ==
+        std::vector<std::string>{"running", "completed", "failed", "cancelled"});
+  CHECK(lifecycle_of("cron_run") == nullptr);  // not built: no row pretends it is
 }
 
 TEST_CASE("inspect --lifecycle lists every kind with every state word of its enum", "[lifecycle]") {
@@ -207,7 +209,8 @@ TEST_CASE("inspect --lifecycle lists every kind with every state word of its enu
   };
   for (auto& k : {kind_words{"delegate", delegate_words()}, kind_words{"shell", shell_words()},
                   kind_words{"subagent", subagent_words()},
-                  kind_words{"local_shell", {"completed", "failed", "cancelled", "lost"}}}) {
+                  kind_words{"local_shell", {"completed", "failed", "cancelled", "lost"}},
+                  kind_words{"goal", {"running", "completed", "failed", "cancelled"}}}) {
     auto text = section(r.output, k.kind);
     INFO(k.kind);
     REQUIRE_FALSE(text.empty());
@@ -228,7 +231,7 @@ TEST_CASE("inspect --lifecycle lists every kind with every state word of its enu
   REQUIRE(j.exit_code == 0);
   auto doc = json::parse(j.output).as_object();
   auto& kinds = doc.at("lifecycles").as_array();
-  REQUIRE(kinds.size() == 4);
+  REQUIRE(kinds.size() == 5);
   for (auto& k : kinds) {
     if (k.at("kind").as_string() != "delegate") continue;
     std::vector<std::string> words;
@@ -247,11 +250,11 @@ TEST_CASE("inspect --task answers a running delegate: state, originator, owner a
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   for (auto* want :
-       {"task del_live in ", "kind:        delegate", "state:       running (live:",
-        "lifecycle of delegate", "parent_id = absent (NULL)", "thread = origin", "turn = turn_1",
-        "tenant = default", "payload.agent = worker", "payload.depth = 2",
-        "depth = absent (no such column)", "input_tokens = absent (no such column)",
-        "goal_id = absent (no such column)", "owner process: alive",
+       {"task del_live in ", "kind:        delegate",
+        "state:       running (live:", "lifecycle of delegate", "parent_id = absent (NULL)",
+        "thread = origin", "turn = turn_1", "tenant = default", "payload.agent = worker",
+        "payload.depth = 2", "depth = absent (no such column)", "input_tokens = 0",
+        "goal_id = absent (NULL)", "owner process: alive",
         "settlement intent (written, not yet promoted)\n  task_id = del_live", "receipts (0, "})
     CHECK(has(r.output, want));
   CHECK(has(r.output, "digest = " + k_digest));
@@ -264,7 +267,8 @@ TEST_CASE("inspect --task answers a running delegate: state, originator, owner a
   CHECK(doc.at("state_known").as_bool());
   CHECK(doc.at("owner_process").at("liveness").as_string() == "alive");
   CHECK(doc.at("fields").at("originator").at("values").at("thread").as_string() == "origin");
-  CHECK(doc.at("fields").at("usage").at("values").at("input_tokens").is_null());
+  CHECK(doc.at("fields").at("usage").at("values").at("input_tokens").as_string() == "0");
+  CHECK(doc.at("fields").at("goal").at("values").at("goal_id").is_null());
   CHECK(doc.at("settlement_intent").at("digest").as_string() == k_digest);
   CHECK(doc.at("artifact").at("artifact").is_null());  // not promoted: the row has none yet
 }
@@ -321,16 +325,16 @@ TEST_CASE("inspect --task shows a column a later schema adds, and absent ones as
   auto path = seed(dir);
   {
     SQLite::Database db(path, SQLite::OPEN_READWRITE);
-    db.exec("ALTER TABLE tasks ADD COLUMN input_tokens INTEGER");
-    db.exec("UPDATE tasks SET input_tokens = 1234 WHERE id = 'del_live'");
+    db.exec("ALTER TABLE tasks ADD COLUMN principal TEXT");
+    db.exec("UPDATE tasks SET principal = 'alice' WHERE id = 'del_live'");
   }
   auto r = test::run_captured({k_tether, "inspect", path, "--task", "del_live"});
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  CHECK(has(r.output, "input_tokens = 1234"));
-  CHECK(has(r.output, "output_tokens = absent (no such column)"));
+  CHECK(has(r.output, "principal = alice"));
+  CHECK(has(r.output, "depth = absent (no such column)"));
   auto other = test::run_captured({k_tether, "inspect", path, "--task", "job_sh"});
-  CHECK(has(other.output, "input_tokens = absent\n"));  // the column exists, the row has NULL
+  CHECK(has(other.output, "principal = absent\n"));  // the column exists, the row has NULL
 }
 
 TEST_CASE("inspect --task of an unknown id names it and exits non-zero", "[lifecycle]") {
