@@ -239,9 +239,9 @@ result<void> parse_session_start(line_reader& r, action& a, const std::string& w
 }
 
 result<action> parse_action(line_reader& r) {
-  auto verb = r.keyword(
-      "an action", {"say", "fail", "raise", "shell", "spawn", "wake-self", "wait-until-interrupted",
-                    "interrupt", "job", "job-status", "job-wait", "job-cancel", "fork"});
+  auto verb = r.keyword("an action", {"say", "fail", "raise", "shell", "spawn", "wake-self",
+                                      "wait-until-interrupted", "interrupt", "job", "job-status",
+                                      "job-wait", "job-cancel", "fork", "delegate"});
   if (!verb) return verb.error();
   action a;
   using k = action::kind;
@@ -305,6 +305,19 @@ result<action> parse_action(line_reader& r) {
   } else if (*verb == "fork") {
     a.what = k::fork;
     if (auto s = parse_session_start(r, a, "fork"); !s) return s.error();
+  } else if (*verb == "delegate") {
+    a.what = k::delegate;
+    auto ag = r.name("the delegate's agent");
+    if (!ag) return ag.error();
+    a.agent = *ag;
+    auto p = r.text("the delegate's prompt");
+    if (!p) return p.error();
+    a.text = *p;
+    if (!r.at("as")) return r.fail("a delegate needs a name: delegate AGENT \"PROMPT\" as NAME");
+    r.skip();
+    auto n = r.name("the delegate's name");
+    if (!n) return n.error();
+    a.target = *n;
   } else {
     a.what = k::interrupt;
     auto t = r.name("the session to interrupt");
@@ -317,8 +330,8 @@ result<action> parse_action(line_reader& r) {
 result<expectation> parse_expect(line_reader& r) {
   expectation e;
   using k = expectation::kind;
-  auto subject = r.keyword("an expectation subject",
-                           {"inbox", "transcript", "jobs", "job", "inline", "session", "boot"});
+  auto subject = r.keyword("an expectation subject", {"inbox", "transcript", "jobs", "job",
+                                                      "inline", "session", "boot", "delegate"});
   if (!subject) return subject.error();
   r.set_step("expect " + *subject);
   if (*subject == "inbox") {
@@ -441,6 +454,19 @@ result<expectation> parse_expect(line_reader& r) {
     auto n = r.number("the job count", 0, 1000000);
     if (!n) return n.error();
     e.number = *n;
+    return e;
+  }
+  if (*subject == "delegate") {
+    auto j = r.name("the delegate's name");
+    if (!j) return j.error();
+    e.job = *j;
+    auto what = r.keyword("a delegate check", {"state"});
+    if (!what) return what.error();
+    e.what = k::delegate_state;
+    auto v = r.keyword("a delegate state",
+                       {"running", "completed", "failed", "cancelled", "lost", "timed_out"});
+    if (!v) return v.error();
+    e.text = *v;
     return e;
   }
   if (*subject == "job") {
@@ -644,13 +670,18 @@ std::vector<std::string> job_gates(const std::string& command) {
 
 // Checks that every name refers to something the script creates.
 result<void> check_names(script& s) {
-  std::set<std::string> sessions, gates, jobs;
+  std::set<std::string> sessions, gates, jobs, delegated;
   auto where = [&](int line) { return s.file + ":" + std::to_string(line) + ": "; };
   for (auto& st : s.steps)
     if (st.what == step::kind::session) sessions.insert(st.name);
   for (auto& t : s.turns)
     for (auto& a : t.actions) {
       if (a.what == action::kind::spawn || a.what == action::kind::fork) sessions.insert(a.target);
+      // A delegated task's session plays the turns of its agent's name.
+      if (a.what == action::kind::delegate) {
+        sessions.insert(a.agent);
+        delegated.insert(a.target);
+      }
       if (a.what == action::kind::shell) gates.insert(a.text);
       if (a.what == action::kind::job) {
         for (auto& g : job_gates(a.text)) gates.insert(g);
@@ -670,6 +701,11 @@ result<void> check_names(script& s) {
       if (a.what == action::kind::job_status || a.what == action::kind::job_wait ||
           a.what == action::kind::job_cancel)
         if (auto r = known_job(t.line, a.target); !r) return r;
+  auto known_delegate = [&](int line, const std::string& n) -> result<void> {
+    if (delegated.count(n)) return {};
+    return error{errc::invalid, where(line) + "no turn delegates a task named '" + n +
+                                    "' (add `delegate AGENT \"PROMPT\" as " + n + "` to a turn)"};
+  };
   auto known = [&](int line, const std::string& n) -> result<void> {
     if (n.empty() || sessions.count(n)) return {};
     return error{errc::invalid, where(line) + "session '" + n + "' is never created (no 'session " +
@@ -695,12 +731,19 @@ result<void> check_names(script& s) {
                                       "' (add `shell " + st.name + "` to a turn)"};
     if (st.what == step::kind::job_read)
       if (auto r = known_job(st.line, st.name); !r) return r;
+    if (st.what == step::kind::wait_delegate)
+      if (auto r = known_delegate(st.line, st.name); !r) return r;
     if (st.what != step::kind::shell_exit && st.what != step::kind::session &&
-        st.what != step::kind::crash && st.what != step::kind::job_read)
+        st.what != step::kind::crash && st.what != step::kind::job_read &&
+        st.what != step::kind::wait_delegate)
       if (auto r = known(st.line, st.name); !r) return r;
     if (st.what == step::kind::expect) {
       auto& e = st.expect;
-      if (auto r = known_job(st.line, e.job); !r) return r;
+      if (e.what == expectation::kind::delegate_state) {
+        if (auto r = known_delegate(st.line, e.job); !r) return r;
+      } else if (auto r = known_job(st.line, e.job); !r) {
+        return r;
+      }
       for (auto* n : {&e.session, &e.parent, &e.child})
         if (auto r = known(st.line, *n); !r) return r;
       if (e.what == expectation::kind::inbox_from)
@@ -877,16 +920,22 @@ result<script> parse(const std::string& text, const std::string& file) {
         st.text = *o;
       }
     } else if (verb == "wait") {
-      auto what = r.keyword("a wait", {"quiescent", "shells", "idle", "parked", "turn", "jobs"});
+      auto what = r.keyword("a wait",
+                            {"quiescent", "shells", "idle", "parked", "turn", "jobs", "delegate"});
       if (!what) return what.error();
-      st.what = *what == "quiescent" ? k::wait_quiescent
-                : *what == "shells"  ? k::wait_shells
-                : *what == "jobs"    ? k::wait_jobs
-                : *what == "idle"    ? k::wait_idle
-                : *what == "parked"  ? k::wait_parked
-                                     : k::wait_turn;
+      st.what = *what == "quiescent"  ? k::wait_quiescent
+                : *what == "shells"   ? k::wait_shells
+                : *what == "jobs"     ? k::wait_jobs
+                : *what == "delegate" ? k::wait_delegate
+                : *what == "idle"     ? k::wait_idle
+                : *what == "parked"   ? k::wait_parked
+                                      : k::wait_turn;
       if (st.what == k::wait_idle || st.what == k::wait_parked || st.what == k::wait_turn) {
         auto nm = r.name("the session name");
+        if (!nm) return nm.error();
+        st.name = *nm;
+      } else if (st.what == k::wait_delegate) {
+        auto nm = r.name("the delegate's name");
         if (!nm) return nm.error();
         st.name = *nm;
       }
@@ -988,6 +1037,9 @@ script_action to_script_action(const action& a) {
       break;
     case action::kind::fork:
       s.what = k::fork;
+      break;
+    case action::kind::delegate:
+      s.what = k::delegate;
       break;
   }
   s.text = a.what == action::kind::shell ? "gate " + a.text : a.text;
@@ -1105,6 +1157,7 @@ class runner {
     dir_ = fs::absolute(o_.dir, ec);
     fs::create_directories(dir_ / "bin", ec);
     fs::create_directories(dir_ / "gates", ec);
+    agents_->set_workspace(dir_ / "workspace");
     if (ec) return fail_setup("cannot create " + dir_.string() + ": " + ec.message());
     auto script = dir_ / "bin" / "gate";
     if (own_gates) {
@@ -1300,6 +1353,8 @@ class runner {
       }
       case k::job_read:
         return job_call(st);
+      case k::wait_delegate:
+        return delegate_wait(st);
       case k::expect:
         expect(st);
         return true;
@@ -1307,6 +1362,27 @@ class runner {
         return step_failed(st, "a crash step inside a crash segment");
     }
     return true;
+  }
+
+  // `wait delegate NAME`: its originator's wait, until the task is terminal.
+  bool delegate_wait(const step& st) {
+    auto d = agents_->delegated(st.name);
+    if (!d) return step_failed(st, "no delegate named '" + st.name + "' was started (yet)");
+    auto scope = host_->scope_of(d->owner);
+    if (!scope) return step_failed(st, scope.error().message);
+    auto& reg = host_->delegation();
+    auto r = wait_for(reg.wait(*scope, d->id, o_.wait_timeout));
+    if (!r) return timed_out(st);
+    if (!*r) return step_failed(st, r->error().message);
+    if ((*r)->state == persistence::delegate_state::running) return timed_out(st);
+    // Its notice is handed over after the terminal write: wait for that too.
+    auto ended = wait_for(delegate_ended(reg, d->id));
+    return ended ? true : timed_out(st);
+  }
+  static boost::asio::awaitable<result<void>> delegate_ended(actors::delegates& reg,
+                                                             protocol::job_id id) {
+    co_await reg.worker_ended(std::move(id));
+    co_return result<void>{};
   }
 
   // `job NAME status|wait|cancel`: the call its owner's tools make, in the
@@ -1450,6 +1526,22 @@ class runner {
       case k::job_receipt:
       case k::job_notice:
         return evaluate_job(e, got);
+      case k::delegate_state: {
+        auto d = agents_->delegated(e.job);
+        if (!d) {
+          got = "no delegate named '" + e.job + "' was started";
+          return false;
+        }
+        auto row = store.delegate(d->id);
+        if (!row) return failed_read(row.error());
+        if (!*row) {
+          got = "delegated task " + d->id.str() + " has no row";
+          return false;
+        }
+        std::string have(persistence::to_string((*row)->state));
+        got = "it is " + have;
+        return have == e.text;
+      }
       case k::inbox_count:
       case k::inbox_text:
       case k::inbox_state:

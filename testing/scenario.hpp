@@ -37,6 +37,7 @@ struct action {
     job_wait,    // job-wait NAME
     job_cancel,  // job-cancel NAME
     fork,        // fork NEW "DESCRIPTION" "PROMPT"
+    delegate,    // delegate AGENT "PROMPT" as NAME
   };
   kind what = kind::say;
   std::string text;         // say/fail/raise text, shell gate, spawn/fork prompt, job command
@@ -88,6 +89,7 @@ struct expectation {
     job_receipts,        // expect job NAME receipts N
     job_receipt,         // expect job NAME receipt pending|acked|read|dropped|none
     job_notice,          // expect job NAME notice contains|lacks|equals "T"
+    delegate_state,      // expect delegate NAME state running|completed|failed|...
   };
   enum class text_op { contains, lacks, equals };
   kind what = kind::inbox_count;
@@ -121,6 +123,7 @@ struct step {
     wait_turn,       // wait turn NAME N
     job_read,        // job NAME status|wait|cancel
     wait_jobs,       // wait jobs
+    wait_delegate,   // wait delegate NAME (its terminal state)
     crash,           // crash at POINT[:N]
     restart,         // restart
     expect,          // expect ...

@@ -48,6 +48,18 @@ class scripted_agent : public agent {
         owner_.note(id_.str() + " starts shell " + *r + ": " + a.text);
         break;
       }
+      case k::delegate: {
+        delegate_request req;
+        req.agent = a.agent;
+        req.prompt = a.text;
+        req.workspace = owner_.workspace();
+        auto r = co_await ctx.delegate_background(std::move(req));
+        if (!r) throw error_exception(r.error());
+        owner_.note_delegate(a.child, {*r, id_});
+        owner_.note(id_.str() + " delegates " + r->str() + " (" + a.child + ") to " + a.agent +
+                    ": " + a.text);
+        break;
+      }
       case k::fork: {
         spawn_request req;
         req.description = a.description;
@@ -144,6 +156,29 @@ class scripted_agent : public agent {
 
 }  // namespace
 
+void scripted_agents::note_delegate(const std::string& name, named_job j) {
+  std::lock_guard lk(m_);
+  delegates_.insert_or_assign(name, std::move(j));
+}
+
+std::optional<scripted_agents::named_job> scripted_agents::delegated(
+    const std::string& name) const {
+  std::lock_guard lk(m_);
+  auto it = delegates_.find(name);
+  if (it == delegates_.end()) return std::nullopt;
+  return it->second;
+}
+
+void scripted_agents::set_workspace(std::filesystem::path p) {
+  std::lock_guard lk(m_);
+  workspace_ = std::move(p);
+}
+
+std::filesystem::path scripted_agents::workspace() const {
+  std::lock_guard lk(m_);
+  return workspace_;
+}
+
 void scripted_agents::note_job(const std::string& name, named_job j) {
   std::lock_guard lk(m_);
   jobs_.insert_or_assign(name, std::move(j));
@@ -169,7 +204,10 @@ std::optional<script_turn> scripted_agents::turn(const session_id& s, int ordina
 }
 
 std::shared_ptr<agent> scripted_agents::make(const session_row& session) {
-  return std::make_shared<scripted_agent>(*this, session.id);
+  // A delegated task's session (its name is made from the task's id) plays
+  // the turns written for its agent's name: `on AGENT N: ...`.
+  auto key = session.task_id ? session_id(session.agent) : session.id;
+  return std::make_shared<scripted_agent>(*this, std::move(key));
 }
 
 std::vector<std::string> scripted_agents::log() const {

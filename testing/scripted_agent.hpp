@@ -5,6 +5,7 @@
 // from the durable transcript, a turn replayed after a crash is the same turn.
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -34,6 +35,7 @@ struct script_action {
     job_wait,     // child: the same; waits until it is terminal (a read)
     job_cancel,   // child: the same; confirmed kill (a read)
     fork,         // child, description, text (prompt): a new session with no parent
+    delegate,     // agent, text (prompt), child: the name the task is known by
   };
   kind what = kind::say;
   std::string text;
@@ -70,6 +72,12 @@ class scripted_agents : public agent_factory {
   };
   void note_job(const std::string& name, named_job j);
   std::optional<named_job> job(const std::string& name) const;
+  /// A delegated task a turn started under a name (`delegate ... as NAME`).
+  void note_delegate(const std::string& name, named_job j);
+  std::optional<named_job> delegated(const std::string& name) const;
+  /// Where delegated tasks write their artifacts (the scenario's directory).
+  void set_workspace(std::filesystem::path p);
+  std::filesystem::path workspace() const;
 
   /// Blocks a plain (non-executor) thread until `s` is suspended in a
   /// wait_cancel action; false if `timeout` passed first.
@@ -89,6 +97,8 @@ class scripted_agents : public agent_factory {
   std::vector<std::string> log_;
   std::vector<std::string> inline_;
   std::map<std::string, named_job> jobs_;
+  std::map<std::string, named_job> delegates_;
+  std::filesystem::path workspace_;
 };
 
 }  // namespace tether::testing
