@@ -348,8 +348,10 @@ awaitable<void> delegates::work(std::shared_ptr<delegates> self, delegate_call c
     co_return;
   }
   TETHER_CRASH_POINT("delegate.intent.after_commit");
-  // 5. Publish.
-  auto published = runtime::publish_artifact(c.workspace / "delegates", id.str() + ".json", bytes);
+  // 5. Publish, off the actor's executor (two fsyncs and a rename).
+  auto publish = [dir = c.workspace / "delegates", name = id.str() + ".json",
+                  bytes = std::move(bytes)] { return runtime::publish_artifact(dir, name, bytes); };
+  auto published = co_await self->store_.offload(std::move(publish));
   if (!published) {
     auto why = "its artifact was not published: " + published.error().message;
     auto body = notice_text(id, c.agent, delegate_state::failed, self->scrub_.scrub(why),
