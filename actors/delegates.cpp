@@ -98,10 +98,7 @@ std::string delegates::notice_text(const job_id& id, const std::string& agent, d
   std::string head = "[delegated task " + id.str() + " (" + agent + ") " +
                      std::string(persistence::to_string(s)) + "]";
   if (output_or_error.empty()) return head;
-  auto body = protocol::utf8_sanitize(output_or_error);
-  if (body.size() > bound)
-    body = std::string(protocol::utf8_prefix(body, bound)) + "...[truncated]";
-  return head + "\n" + body;
+  return head + "\n" + protocol::bounded_text(output_or_error, bound);
 }
 
 error delegates::not_found(const job_id& id) {

@@ -307,12 +307,6 @@ awaitable<result<notification_id>> host::background(session_id child) {
   co_return co_await (*sess)->ask(std::move(m));
 }
 
-namespace {
-session_id tree_root(const persistence::session_row& r) {
-  return r.budget_root ? *r.budget_root : r.id;
-}
-}  // namespace
-
 awaitable<result<job_id>> host::create_goal(session_id owner, std::string description) {
   auto row = co_await store_->load_session(owner);
   if (!row) co_return row.error();
@@ -324,7 +318,7 @@ awaitable<result<job_id>> host::create_goal(session_id owner, std::string descri
   scope.turn = (*row)->turn ? *(*row)->turn : protocol::turn_id("goal");
   job_id id("goal_" + protocol::random_uuid());
   auto admitted = co_await store_->admit_goal(
-      id, scope, tree_root(**row), protocol::make_preview(scrub_.scrub(description), 500).text);
+      id, scope, (*row)->tree_root(), protocol::make_preview(scrub_.scrub(description), 500).text);
   if (!admitted) co_return admitted.error();
   co_return id;
 }
@@ -337,7 +331,7 @@ awaitable<result<persistence::goal_record>> host::goal(session_id caller, job_id
   auto g = co_await store.offload(std::move(read));
   if (!g) co_return g.error();
   // Another tree's (or tenant's) goal reads as a missing one.
-  if (!*row || !*g || (*g)->scope.tenant != (*row)->tenant || (*g)->root != tree_root(**row))
+  if (!*row || !*g || (*g)->scope.tenant != (*row)->tenant || (*g)->root != (*row)->tree_root())
     co_return error{errc::not_found, "goal '" + id.str() + "' not found"};
   co_return std::move(**g);
 }
@@ -355,9 +349,7 @@ std::string host::goal_notice(const persistence::goal_record& g, const std::stri
     }
     text += "\n- " + m.id.str() + " (" + m.kind + ") " + m.state;
   }
-  auto body = protocol::utf8_sanitize(scrub_.scrub(text));
-  if (body.size() > 4000) body = std::string(protocol::utf8_prefix(body, 4000)) + "...[truncated]";
-  return body;
+  return protocol::bounded_text(scrub_.scrub(text), 4000);
 }
 
 awaitable<result<persistence::goal_record>> host::close_goal(session_id caller, job_id id,
@@ -375,6 +367,7 @@ awaitable<result<persistence::goal_record>> host::close_goal(session_id caller, 
     co_return error{errc::conflict,
                     "goal '" + id.str() + "' is already " + now->state + "; it was left as it was"};
   }
+  TETHER_CRASH_POINT("goal.close.after_commit");
   auto rid = (*won)->id;
   auto d = co_await delivery_->deliver(notice_batch(std::move(**won), false));
   if (!d) warn("goal receipt " + rid.str() + " was kept pending: " + d.error().message);

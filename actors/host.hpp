@@ -245,10 +245,15 @@ class host {
   /// counted as activity like wake().
   void hand_over(session& s, wake_scope scope, bool admitted_here);
   bool shutting_down() const { return shutting_down_.load(); }
-  /// The action budget of the tree `s` belongs to.
+  /// The action budget of the tree `s` belongs to; nullptr when the host
+  /// has none (options().action_budget.max_actions 0).
   std::shared_ptr<runtime::action_budget> budget_of(const persistence::session_row& s) {
-    return budgets_.of(s.budget_root ? s.budget_root->str() : s.id.str());
+    if (budgets_.options().max_actions <= 0) return nullptr;
+    return budgets_.of(s.tree_root().str());
   }
+  /// The scrubber of texts the runtime itself writes for a model (refusals,
+  /// goal notices), from the host's environment.
+  const protocol::scrubber& scrubber() const { return scrub_; }
   void warn(const std::string& w);
 
  private:

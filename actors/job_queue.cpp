@@ -319,14 +319,10 @@ awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_reques
   auto cwd = !req.cwd.empty()     ? req.cwd
              : !opts_.cwd.empty() ? opts_.cwd
                                   : std::filesystem::current_path().string();
-  if (req.writable) {
-    protocol::session_policy limits;
-    limits.writable = req.writable;
-    if (!limits.allows_path(cwd))
-      co_return error{errc::refused, "launch: the work directory '" + cwd +
-                                         "' is outside the session's writable paths (policy "
-                                         "field 'writable'); nothing was started"};
-  }
+  if (req.writable && !protocol::path_within(cwd, *req.writable))
+    co_return error{errc::refused, "launch: the work directory '" + cwd +
+                                       "' is outside the session's writable paths (policy "
+                                       "field 'writable'); nothing was started"};
   {
     std::lock_guard lk(m_);
     if (stopped_) co_return error{errc::stopped, "the host is shutting down; nothing was started"};

@@ -10,7 +10,6 @@
 #include "tether/protocol/report.hpp"
 #include "tether/runtime/crash_point.hpp"
 #include "tether/runtime/retry.hpp"
-#include "tether/sandbox/client.hpp"
 
 namespace tether::actors {
 
@@ -22,8 +21,7 @@ class session::context : public agent_context {
  public:
   explicit context(std::shared_ptr<session> s)
       : s_(std::move(s)),
-        policy_(s_->row_.policy ? *s_->row_.policy : s_->host_.options().default_policy),
-        budget_(s_->host_.budget_of(s_->row_)) {}
+        policy_(s_->row_.policy ? *s_->row_.policy : s_->host_.options().default_policy) {}
 
   const session_id& self() const override { return s_->id(); }
 
@@ -91,12 +89,13 @@ class session::context : public agent_context {
       co_return co_await refuse("the tool '" + tool +
                                 "' is not allowed by the policy of session '" + s_->id().str() +
                                 "' (policy field 'tools')");
-    if (!budget_->try_charge())
+    auto budget = s_->host_.budget_of(s_->row_);
+    if (budget && !budget->try_charge())
       co_return co_await refuse(
           "the action budget of this session's tree is spent (" +
-          std::to_string(budget_->options().max_actions) + " actions in " +
+          std::to_string(budget->options().max_actions) + " actions in " +
           std::to_string(
-              std::chrono::duration_cast<std::chrono::seconds>(budget_->options().window).count()) +
+              std::chrono::duration_cast<std::chrono::seconds>(budget->options().window).count()) +
           " s, shared with its parent and children); '" + tool + "' was not run");
     co_return result<void>{};
   }
@@ -238,8 +237,7 @@ class session::context : public agent_context {
   // A refusal by policy or budget: written to the transcript (as a control
   // line the agent's reports never quote), then returned.
   awaitable<error> refuse(std::string why) {
-    const protocol::scrubber scrub(protocol::scrub_rules::from_env(sandbox::current_environment()));
-    why = protocol::make_preview(scrub.scrub(why), 1000).text;
+    why = protocol::make_preview(s_->host_.scrubber().scrub(why), 1000).text;
     auto line = "refused: " + why;
     auto written =
         co_await s_->host_.store().append(s_->id(), "assistant", "control", "error", line);
@@ -275,7 +273,7 @@ class session::context : public agent_context {
     c.workspace = std::move(req.workspace);
     c.depth = depth() + 1;
     c.policy = std::move(*narrowed);
-    c.budget_root = s_->row_.budget_root ? *s_->row_.budget_root : s_->id();
+    c.budget_root = s_->row_.tree_root();
     co_return c;
   }
 
@@ -376,7 +374,7 @@ class session::context : public agent_context {
       // widened), one level deeper, and spends this tree's action budget.
       row.policy = std::move(*narrowed);
       row.depth = depth() + 1;
-      row.budget_root = s_->row_.budget_root ? *s_->row_.budget_root : s_->id();
+      row.budget_root = s_->row_.tree_root();
       // A subagent reports now by default (its parent gets report 1 with the
       // still-running list, report 2 when its jobs end); a fork, which has no
       // parent to report to, starts like a top-level session.
@@ -466,8 +464,8 @@ class session::context : public agent_context {
   }
 
   std::shared_ptr<session> s_;
-  const protocol::session_policy policy_;
-  const std::shared_ptr<runtime::action_budget> budget_;
+  // The session's policy never changes, and its row outlives this context.
+  const protocol::session_policy& policy_;
   int shells_ = 0;  // start_shell calls in this busy period, for their keys
 };
 

@@ -85,6 +85,9 @@ struct session_row {
   int depth = 0;                                   // 0: a top-level session
   std::optional<session_id> budget_root;           // whose action budget; nullopt: its own
   std::optional<job_id> task_id;                   // the delegated task it runs, if any
+  /// The root of its tree: whose action budget it spends and whose goals it
+  /// may join.
+  const session_id& tree_root() const { return budget_root ? *budget_root : id; }
 };
 
 struct message_row {

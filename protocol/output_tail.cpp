@@ -117,6 +117,12 @@ std::string_view utf8_prefix(std::string_view s, std::size_t max) {
   return s.substr(0, end);
 }
 
+std::string bounded_text(std::string_view s, std::size_t max) {
+  auto out = utf8_sanitize(s);
+  if (out.size() > max) out = std::string(utf8_prefix(out, max)) + "...[truncated]";
+  return out;
+}
+
 std::string utf8_sanitize(std::string_view s) {
   std::string out;
   out.reserve(s.size());

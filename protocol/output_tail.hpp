@@ -76,4 +76,8 @@ std::string_view utf8_prefix(std::string_view s, std::size_t max);
 /// `s` with every invalid UTF-8 sequence replaced by U+FFFD.
 std::string utf8_sanitize(std::string_view s);
 
+/// utf8_sanitize(s), cut to at most `max` bytes on a UTF-8 boundary and then
+/// marked "...[truncated]" when it was longer. Scrub before bounding.
+std::string bounded_text(std::string_view s, std::size_t max);
+
 }  // namespace tether::protocol

@@ -8,11 +8,15 @@ namespace tether::protocol {
 
 namespace {
 
-bool is_normal_absolute(std::string_view p) {
-  if (p.empty() || p.front() != '/') return false;
+// `p` lexically normalised, without a trailing slash (but "/").
+std::string normalised(std::string_view p) {
   auto n = std::filesystem::path(p).lexically_normal().string();
   if (n.size() > 1 && n.back() == '/') n.pop_back();
-  return n == p;
+  return n;
+}
+
+bool is_normal_absolute(std::string_view p) {
+  return !p.empty() && p.front() == '/' && normalised(p) == p;
 }
 
 bool inside(std::string_view path, std::string_view dir) {
@@ -93,13 +97,14 @@ bool session_policy::allows_memory(std::string_view scope) const {
   return !memory_scopes || memory_scopes->count(std::string(scope)) > 0;
 }
 
-bool session_policy::allows_path(std::string_view path) const {
-  if (!writable) return true;
+bool path_within(std::string_view path, const std::vector<std::string>& dirs) {
   if (path.empty() || path.front() != '/') return false;
-  auto n = std::filesystem::path(path).lexically_normal().string();
-  if (n.size() > 1 && n.back() == '/') n.pop_back();
-  return std::any_of(writable->begin(), writable->end(),
-                     [&](const std::string& w) { return inside(n, w); });
+  auto n = normalised(path);
+  return std::any_of(dirs.begin(), dirs.end(), [&](const std::string& d) { return inside(n, d); });
+}
+
+bool session_policy::allows_path(std::string_view path) const {
+  return !writable || path_within(path, *writable);
 }
 
 std::optional<decode_error> check(const session_policy& p) {

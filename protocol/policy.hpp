@@ -53,6 +53,10 @@ struct session_policy {
   friend bool operator==(const session_policy&, const session_policy&) = default;
 };
 
+/// `path` (absolute; normalised lexically) is one of `dirs` or inside one. A
+/// relative path never is.
+bool path_within(std::string_view path, const std::vector<std::string>& dirs);
+
 /// A narrowing asked for at a spawn or a delegate: each field set replaces
 /// the parent's, and must not widen it.
 struct policy_override {

@@ -97,13 +97,6 @@ TEST_CASE(
 
 namespace {
 
-std::string bytes_of(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // A story stopped mid-way: a parent whose background child is busy (claim,
 // turn, running job row), an acknowledged report in the parent's inbox and a
 // finished owned job. The host is closed.
@@ -188,14 +181,14 @@ TEST_CASE(
         REQUIRE(db.getChanges() == 1);
       }
       REQUIRE_FALSE(std::filesystem::exists(path + "-wal"));
-      auto before = bytes_of(path);
+      auto before = test::file_bytes(path);
       auto e = f.refused_boot();
       INFO(e.message);
       CHECK(e.code == errc::corrupt);
       CHECK(e.message.find("refusing to boot") != std::string::npos);
       CHECK(e.message.find(std::string("table '") + g.table + "' key '" + key + "': " + g.field +
                            ":") != std::string::npos);
-      CHECK(bytes_of(path) == before);
+      CHECK(test::file_bytes(path) == before);
     }
   }
 }

@@ -2,11 +2,12 @@
 // background task whose runner answers at once) runs in a child process that
 // is SIGKILLed at every hit of every `delegate.` crash point: after the row is
 // registered, after the settlement intent, after the artifact is published,
-// after the promotion. A restart on the same database (its boot recovers the
-// task: the killed process is provably gone) leaves the task in exactly the
-// state the protocol promises for that point, with one terminal receipt whose
+// after the promotion; and at the `goal.` one, after the goal the task belongs
+// to was closed. A restart on the same database (its boot recovers the task:
+// the killed process is provably gone) leaves the task in exactly the state
+// the protocol promises for that point, with one terminal receipt whose
 // notice is in the session's transcript exactly once, and never `completed`
-// without a valid artifact.
+// without a valid artifact; the goal ends closed, its notice there once.
 #include <SQLiteCpp/Database.h>
 #include <SQLiteCpp/Statement.h>
 
@@ -28,6 +29,8 @@ struct delegate_outcome {
   int terminal_receipts = 0;
   int notices_in_transcript = 0;
   int intents = 0;
+  std::string goal_state;
+  int goal_notices = 0;
 };
 
 delegate_outcome read_outcome(const std::filesystem::path& dir) {
@@ -58,6 +61,12 @@ delegate_outcome read_outcome(const std::filesystem::path& dir) {
   m.executeStep();
   o.notices_in_transcript = m.getColumn(0).getInt();
   o.intents = db.execAndGet("SELECT count(*) FROM settlement_intents").getInt();
+  o.goal_state =
+      db.execAndGet("SELECT group_concat(state) FROM tasks WHERE kind = 'goal'").getString();
+  o.goal_notices = db.execAndGet(
+                         "SELECT count(*) FROM messages WHERE session_id = 'ses_origin' AND "
+                         "json_extract(payload, '$.text') LIKE '[goal goal_% completed]%'")
+                       .getInt();
   return o;
 }
 
@@ -75,9 +84,10 @@ TEST_CASE(
     "once, and never completed without its artifact",
     "[crash][delegate]") {
   test::scratch_dir root("delegate-matrix");
-  auto points =
-      test::crash_points([](const std::string& p) { return p.rfind("delegate.", 0) == 0; });
-  REQUIRE(points.size() == 4);
+  auto points = test::crash_points([](const std::string& p) {
+    return p.rfind("delegate.", 0) == 0 || p.rfind("goal.", 0) == 0;
+  });
+  REQUIRE(points.size() == 5);
 
   auto base = root.path() / "baseline";
   auto hits = test::traced_hits({k_tether, "delegate-story", "--story", base.string()},
@@ -86,6 +96,8 @@ TEST_CASE(
   CHECK(b.state == "completed");
   CHECK(b.terminal_receipts == 1);
   CHECK(b.notices_in_transcript == 1);
+  CHECK(b.goal_state == "completed");
+  CHECK(b.goal_notices == 1);
 
   auto story = [&](const std::string& dir) {
     return std::vector<std::string>{k_tether, "delegate-story", "--story", dir};
@@ -100,6 +112,8 @@ TEST_CASE(
     CHECK(o.terminal_receipts == 1);
     CHECK(o.notices_in_transcript == 1);
     CHECK(o.intents == 0);
+    CHECK(o.goal_state == "completed");
+    CHECK(o.goal_notices == 1);
     if (o.state == "completed") {
       auto bytes = runtime::read_artifact(o.artifact, 1 << 20);
       REQUIRE(bytes);

@@ -104,12 +104,7 @@ struct delegate_fixture {
   }
   // How many of the originator's transcript messages contain `text`.
   int in_transcript(const std::string& text, const std::string& s = "origin") {
-    auto msgs = f.host->store().messages(session_id(s));
-    REQUIRE(msgs);
-    int n = 0;
-    for (auto& m : *msgs)
-      if (m.text.find(text) != std::string::npos) ++n;
-    return n;
+    return f.messages_with(s, text);
   }
 
   std::shared_ptr<runner_control> ctl = std::make_shared<runner_control>();

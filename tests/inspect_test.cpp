@@ -27,13 +27,6 @@ T await(boost::asio::awaitable<T> a) {
   return test::run(std::move(a));
 }
 
-std::string bytes_of(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 session_row child_row(const std::string& id, const std::string& parent,
                       std::optional<bool> notify = {}) {
   session_row r;
@@ -204,22 +197,22 @@ TEST_CASE("inspect prints the same as text", "[inspect]") {
 TEST_CASE("inspect never writes: the database is byte-identical and never migrated", "[inspect]") {
   test::scratch_dir dir("inspect-ro");
   auto path = seed_database(dir);
-  auto before = bytes_of(path);
+  auto before = test::file_bytes(path);
   REQUIRE(test::run_captured({k_tether, "inspect", path}).exit_code == 0);
   REQUIRE(test::run_captured({k_tether, "inspect", path, "--json"}).exit_code == 0);
-  CHECK(bytes_of(path) == before);
+  CHECK(test::file_bytes(path) == before);
 
   // A tether database of an older schema version is refused, not migrated.
   {
     SQLite::Database db(path, SQLite::OPEN_READWRITE);
     db.exec("PRAGMA user_version = 0");
   }
-  before = bytes_of(path);
+  before = test::file_bytes(path);
   auto r = test::run_captured({k_tether, "inspect", path});
   INFO(r.output);
   CHECK(r.exit_code == 1);
   CHECK(r.output.find("its schema version 0 is older than this build's") != std::string::npos);
-  CHECK(bytes_of(path) == before);
+  CHECK(test::file_bytes(path) == before);
 }
 
 TEST_CASE("inspect refuses a file that is not a tether database, leaving it untouched",
@@ -240,14 +233,14 @@ TEST_CASE("inspect refuses a file that is not a tether database, leaving it unto
   for (auto& c : {one{text, "it is not a tether database (file is not a database"},
                   one{foreign, "it is not a tether database (application_id 0x00000000"},
                   one{empty, "it is empty, not a tether database"}}) {
-    auto before = bytes_of(c.path);
+    auto before = test::file_bytes(c.path);
     auto r = test::run_captured({k_tether, "inspect", c.path, "--json"});
     INFO(r.output);
     CHECK(r.exit_code == 1);
     CHECK(r.output.rfind("tether inspect: ", 0) == 0);
     CHECK(r.output.find(c.says) != std::string::npos);
     CHECK(r.output.find("the file was left untouched") != std::string::npos);
-    CHECK(bytes_of(c.path) == before);
+    CHECK(test::file_bytes(c.path) == before);
   }
   auto missing = dir.file("missing.db");
   auto r = test::run_captured({k_tether, "inspect", missing});
@@ -266,7 +259,7 @@ TEST_CASE("inspect shows owned jobs with their owner scope and every receipt",
   REQUIRE(WIFEXITED(st));
   REQUIRE(WEXITSTATUS(st) == 0);
   auto db = story + "/tether.db";
-  auto before = bytes_of(db);
+  auto before = test::file_bytes(db);
   auto out = test::run_captured({k_tether, "inspect", db, "--json"});
   REQUIRE(out.exit_code == 0);
   auto v = json::parse(out.output);
@@ -288,7 +281,7 @@ TEST_CASE("inspect shows owned jobs with their owner scope and every receipt",
   REQUIRE(text.exit_code == 0);
   CHECK(text.output.find("tasks (3)") != std::string::npos);
   CHECK(text.output.find("receipts (6, 0 pending)") != std::string::npos);
-  CHECK(bytes_of(db) == before);  // read-only
+  CHECK(test::file_bytes(db) == before);  // read-only
 }
 
 TEST_CASE("a WAL database in a read-only directory is diagnosed as such, not as a foreign file",
@@ -306,7 +299,7 @@ TEST_CASE("a WAL database in a read-only directory is diagnosed as such, not as 
   REQUIRE_FALSE(std::filesystem::exists(path + "-shm"));
   ::chmod(path.c_str(), 0644);
   ::chmod(dir.c_str(), 0555);
-  auto before = bytes_of(path);
+  auto before = test::file_bytes(path);
   // Root may write anywhere: the read then runs as an unprivileged user.
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
@@ -328,7 +321,7 @@ TEST_CASE("a WAL database in a read-only directory is diagnosed as such, not as 
   ::close(fds[0]);
   int status = 0;
   ::waitpid(pid, &status, 0);
-  auto after = bytes_of(path);
+  auto after = test::file_bytes(path);
   ::chmod(dir.c_str(), 0755);
   std::filesystem::remove_all(dir);
   INFO(said);

@@ -31,13 +31,6 @@ T await(boost::asio::awaitable<T> a) {
   return test::run(std::move(a));
 }
 
-std::string bytes_of(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // Every word of a state enum, found the way a reader would: to_string() of
 // each value until it says "unknown" (independently of lifecycle.cpp).
 template <class E, class Word>
@@ -245,7 +238,7 @@ TEST_CASE("inspect --task answers a running delegate: state, originator, owner a
           "[lifecycle]") {
   test::scratch_dir dir("lifecycle-delegate");
   auto path = seed(dir);
-  auto before = bytes_of(path);
+  auto before = test::file_bytes(path);
   auto r = test::run_captured({k_tether, "inspect", path, "--task", "del_live"});
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
@@ -258,7 +251,7 @@ TEST_CASE("inspect --task answers a running delegate: state, originator, owner a
         "settlement intent (written, not yet promoted)\n  task_id = del_live", "receipts (0, "})
     CHECK(has(r.output, want));
   CHECK(has(r.output, "digest = " + k_digest));
-  CHECK(bytes_of(path) == before);  // read-only
+  CHECK(test::file_bytes(path) == before);  // read-only
 
   auto j = test::run_captured({k_tether, "inspect", path, "--task", "del_live", "--json"});
   REQUIRE(j.exit_code == 0);
@@ -340,7 +333,7 @@ TEST_CASE("inspect --task shows a column a later schema adds, and absent ones as
 TEST_CASE("inspect --task of an unknown id names it and exits non-zero", "[lifecycle]") {
   test::scratch_dir dir("lifecycle-missing");
   auto path = seed(dir);
-  auto before = bytes_of(path);
+  auto before = test::file_bytes(path);
   for (auto json_flag : {false, true}) {
     std::vector<std::string> argv{k_tether, "inspect", path, "--task", "no_such_task"};
     if (json_flag) argv.push_back("--json");
@@ -353,5 +346,5 @@ TEST_CASE("inspect --task of an unknown id names it and exits non-zero", "[lifec
   CHECK(usage.exit_code == 2);
   auto both = test::run_captured({k_tether, "inspect", path, "--task", "job_sh", "--lifecycle"});
   CHECK(both.exit_code == 2);
-  CHECK(bytes_of(path) == before);
+  CHECK(test::file_bytes(path) == before);
 }

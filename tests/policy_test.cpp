@@ -37,19 +37,6 @@ std::string field_refused(const session_policy& parent, const policy_override& o
   return r.error().field;
 }
 
-// Messages of `s` that contain `text`.
-int lines_with(report_fixture& f, const std::string& s, const std::string& text) {
-  auto msgs = f.host->store().messages(session_id(s));
-  REQUIRE(msgs);
-  int n = 0;
-  for (auto& m : *msgs)
-    if (m.text.find(text) != std::string::npos) ++n;
-  return n;
-}
-
-template <class T>
-using shared_result = std::shared_ptr<runtime::one_shot<result<T>>>;
-
 }  // namespace
 
 TEST_CASE("a child's policy override may narrow every field, and a widening one is refused by name",
@@ -205,7 +192,7 @@ TEST_CASE("a spawn that would widen its parent's policy is refused by field, in 
   auto child = f.host->store().session(session_id("child"));
   REQUIRE(child);
   CHECK_FALSE(*child);  // nothing was created
-  CHECK(lines_with(f, "parent", "refused: the policy field 'network'") == 1);
+  CHECK(f.messages_with("parent", "refused: the policy field 'network'") == 1);
 }
 
 TEST_CASE("a child inherits its parent's policy narrowed, one level deeper, on the same budget",
@@ -292,7 +279,7 @@ TEST_CASE("a spawn or a delegate past the policy's max_depth is refused", "[poli
   auto row = f.host->store().session(session_id("grandchild"));
   REQUIRE(row);
   CHECK_FALSE(*row);
-  CHECK(lines_with(f, "child", "refused: a subagent from session 'child'") == 1);
+  CHECK(f.messages_with("child", "refused: a subagent from session 'child'") == 1);
 }
 
 TEST_CASE(
@@ -335,8 +322,10 @@ TEST_CASE(
   CHECK_FALSE(after.first);
   CHECK_FALSE(after.second);
   f.quiet();
-  CHECK(lines_with(f, "child", "refused: the action budget of this session's tree is spent") == 1);
-  CHECK(lines_with(f, "parent", "refused: the action budget of this session's tree is spent") == 2);
+  CHECK(f.messages_with("child", "refused: the action budget of this session's tree is spent") ==
+        1);
+  CHECK(f.messages_with("parent", "refused: the action budget of this session's tree is spent") ==
+        2);
   auto child2 = f.host->store().session(session_id("child2"));
   REQUIRE(child2);
   CHECK_FALSE(*child2);
@@ -369,7 +358,7 @@ TEST_CASE("a tool the policy does not allow is refused at the call, in the trans
   CHECK(r.first);
   CHECK_FALSE(r.second);
   f.quiet();
-  CHECK(lines_with(f, "s", "refused: the tool 'browse' is not allowed") == 1);
+  CHECK(f.messages_with("s", "refused: the tool 'browse' is not allowed") == 1);
 }
 
 TEST_CASE("a foreground spawn past its timeout interrupts the child and answers timeout",
@@ -426,7 +415,7 @@ TEST_CASE("a session without shells is refused a shell even when its agent asks"
   CHECK(r.error().code == errc::refused);
   CHECK_THAT(r.error().message, Catch::Contains("'shells'"));
   d.f.quiet();
-  CHECK(lines_with(d.f, "s", "does not allow shells") == 1);
+  CHECK(d.f.messages_with("s", "does not allow shells") == 1);
 }
 
 TEST_CASE("a shell runs under its session's policy: isolated, only its work directory writable",
@@ -542,8 +531,8 @@ TEST_CASE("a goal rolls up its members' terminal states and reported usage, and 
   REQUIRE(closed);
   CHECK(closed->state == "completed");
   f.quiet();
-  CHECK(lines_with(f, "parent", "[goal " + g->str() + " completed] ship the release") == 1);
-  CHECK(lines_with(f, "parent", "usage 17 input, 8 output tokens") == 1);
+  CHECK(f.messages_with("parent", "[goal " + g->str() + " completed] ship the release") == 1);
+  CHECK(f.messages_with("parent", "usage 17 input, 8 output tokens") == 1);
   auto again = f.sync(f.host->close_goal(session_id("parent"), *g, "failed"));
   REQUIRE_FALSE(again);
   CHECK(again.error().code == errc::conflict);
@@ -553,7 +542,7 @@ TEST_CASE("a goal rolls up its members' terminal states and reported usage, and 
   auto after = f.sync(f.host->goal(session_id("parent"), *g));
   REQUIRE(after);
   CHECK(after->state == "completed");
-  CHECK(lines_with(f, "parent", "[goal " + g->str() + " completed]") == 1);
+  CHECK(f.messages_with("parent", "[goal " + g->str() + " completed]") == 1);
 }
 
 TEST_CASE("a closed goal or another tree's goal cannot be joined, and nothing is started",

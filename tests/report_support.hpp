@@ -154,6 +154,15 @@ class report_fixture {
     return runtime::sync_wait(host->pool().at(0), std::move(a));
   }
   void quiet() { sync(host->wait_quiescent()); }
+  /// How many transcript messages of `s` contain `text`.
+  int messages_with(const std::string& s, const std::string& text) {
+    auto msgs = host->store().messages(session_id(s));
+    REQUIRE(msgs);
+    int n = 0;
+    for (auto& m : *msgs)
+      if (m.text.find(text) != std::string::npos) ++n;
+    return n;
+  }
   void on(const std::string& s, int ordinal, std::vector<script_action> actions) {
     agents->scripted->on_input(session_id(s), ordinal, script_turn{std::move(actions)});
   }

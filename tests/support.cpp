@@ -9,13 +9,22 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 
 #include "tether/sandbox/daemon_process.hpp"
 #include "tether/sandbox/state_dir.hpp"
 
 namespace tether::test {
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
 
 namespace {
 // A host with no sandbox configured starts a local tether-sandboxd on demand;

@@ -22,6 +22,9 @@ class scratch_dir {
   std::filesystem::path p_;
 };
 
+/// The whole file at `path` ("" if it cannot be read).
+std::string file_bytes(const std::string& path);
+
 /// Drives `a` to completion on this thread's private io_context. It lives as
 /// long as the thread: a completion posted by another thread (the writer's)
 /// may still be inside the post, signalling the io_context, when run()

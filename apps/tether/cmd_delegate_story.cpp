@@ -1,15 +1,19 @@
 // `tether delegate-story`: one background delegated task end to end, for the
 // delegate crash matrix and as a worked example (docs/delegation.md). A
-// session delegates a task to agent "worker", whose runner answers at once;
-// the task's row, settlement intent, artifact and promotion follow, and its
-// notice reaches the session's transcript.
+// session opens a goal and delegates a task to agent "worker" under it, whose
+// runner answers at once; the task's row, settlement intent, artifact and
+// promotion follow, and its notice reaches the session's transcript. Then
+// the goal is closed, and its notice follows.
 //
 //   tether delegate-story --story DIR   run it from the start (exit 0 when done)
 //   tether delegate-story --resume DIR  restart on DIR's database after a crash:
-//                                       boot's recovery settles the task
+//                                       boot's recovery settles the task, and
+//                                       a goal the crash left open is closed
 //
+// The goal's id is kept in DIR/goal (written before the task starts).
 // The artifact goes to DIR/workspace/delegates/<task>.json.
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "command.hpp"
@@ -41,6 +45,18 @@ T sync(actors::host& h, awaitable<T> a) {
   return runtime::sync_wait(h.pool().at(0), std::move(a));
 }
 
+// Closes the story's goal unless it is closed already (a crash after its
+// close committed: boot resent the notice). False on an error, said.
+bool close_goal(actors::host& h, const protocol::job_id& goal) {
+  auto g = sync(h, h.goal(session_id(k_origin), goal));
+  if (g && g->state != "running") return true;
+  auto closed = g ? sync(h, h.close_goal(session_id(k_origin), goal, "completed")) : g;
+  if (closed) return true;
+  std::cerr << "tether delegate-story: goal " << goal.str() << ": " << closed.error().message
+            << "\n";
+  return false;
+}
+
 int story(const fs::path& dir, bool resume) {
   fs::create_directories(dir);
   actors::host_options o;
@@ -65,16 +81,26 @@ int story(const fs::path& dir, bool resume) {
     auto& d = boot->delegation;
     std::cout << "recovered: promoted " << d.promoted << ", failed " << d.failed << ", lost "
               << d.lost << ", timed out " << d.timed_out << ", stale " << d.stale << "\n";
+    std::string goal;
+    std::ifstream(dir / "goal") >> goal;
+    bool ok = goal.empty() || close_goal(**h, protocol::job_id(goal));
     sync(**h, (*h)->wait_quiescent(false));
     (*h)->shutdown();
-    return 0;
+    return ok ? 0 : 5;
   }
   auto s = sync(**h, (*h)->create_session("delegate story", session_id(k_origin)));
   if (!s) {
     std::cerr << "tether delegate-story: " << s.error().message << "\n";
     return 4;
   }
+  auto goal = sync(**h, (*h)->create_goal(*s, "delegate story"));
+  if (!goal) {
+    std::cerr << "tether delegate-story: " << goal.error().message << "\n";
+    return 4;
+  }
+  std::ofstream(dir / "goal") << goal->str() << "\n";
   actors::delegate_call c;
+  c.goal = *goal;
   c.caller.tenant = protocol::tenant_id("default");
   c.caller.thread = *s;
   c.caller.turn = protocol::turn_id("turn_story");
@@ -89,9 +115,10 @@ int story(const fs::path& dir, bool resume) {
   // Flushed: a crash point later in the story must not take this line with it.
   std::cout << "delegated " << id->str() << std::endl;
   sync(**h, (*h)->delegation().worker_ended(*id));
+  bool ok = close_goal(**h, *goal);
   sync(**h, (*h)->wait_quiescent(false));
   (*h)->shutdown();
-  return 0;
+  return ok ? 0 : 5;
 }
 
 int delegate_story(const args& a) {
