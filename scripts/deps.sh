@@ -5,7 +5,7 @@
 # `deps.sh fuzz` also wants clang and libFuzzer (the fuzz harnesses only).
 set -euo pipefail
 pkgs=(g++ cmake ninja-build libboost1.81-dev libboost-json1.81-dev libsqlitecpp-dev
-      libsqlite3-dev catch2 bubblewrap libssl-dev)
+      libsqlite3-dev catch2 bubblewrap libssl-dev libhowardhinnant-date-dev)
 [ "${1:-}" = fuzz ] && pkgs+=(clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
