@@ -35,6 +35,7 @@ struct cron_expr {
   std::vector<bool> weekdays;  // 7, 0 = Sunday (7 in the text is Sunday too)
   bool days_any = true;        // day-of-month was `*` (or `?`)
   bool weekdays_any = true;    // day-of-week was `*` (or `?`)
+  friend bool operator==(const cron_expr&, const cron_expr&) = default;
 };
 
 /// Parses `text`: numbers, `*`, `?` (in a day field), ranges `a-b`, steps
@@ -47,13 +48,16 @@ decoded<cron_expr> parse_cron(std::string_view text);
 struct cron_schedule {
   cron_expr expr;
   std::string zone = "UTC";  // IANA name
+  friend bool operator==(const cron_schedule&, const cron_schedule&) = default;
 };
 struct at_schedule {
   std::int64_t at_ms = 0;
+  friend bool operator==(const at_schedule&, const at_schedule&) = default;
 };
 struct every_schedule {
   std::int64_t every_ms = 0;   // > 0
-  std::int64_t anchor_ms = 0;  // occurrences are anchor + k * every
+  std::int64_t anchor_ms = 0;  // occurrences are anchor + k * every, k >= 0
+  friend bool operator==(const every_schedule&, const every_schedule&) = default;
 };
 using schedule = std::variant<cron_schedule, at_schedule, every_schedule>;
 
@@ -79,6 +83,14 @@ decoded<schedule> schedule_from_json(const json::value& v, const std::string& pr
 /// "2026-12-03T09:00:00.000Z" (UTC) and back; an error names what is wrong.
 std::string format_utc(std::int64_t ms);
 decoded<std::int64_t> parse_utc(std::string_view text);
+
+/// The wall-clock time of `ms` in `zone`: "2026-03-08 03:00:00 EDT"; an
+/// unknown zone is an error naming it.
+decoded<std::string> format_local(std::int64_t ms, std::string_view zone);
+
+/// One line for people: `cron "0 3 * * *" in Europe/Berlin`, `at
+/// 2026-12-03T09:00:00.000Z`, `every 60000 ms from 1970-01-01T00:00:00.000Z`.
+std::string describe(const schedule& s);
 
 /// What a run does.
 enum class cron_action_kind { shell, prompt };
