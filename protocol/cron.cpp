@@ -7,6 +7,7 @@
 #include <array>
 #include <cctype>
 #include <chrono>
+#include <span>
 #include <stdexcept>
 
 namespace tether::protocol {
@@ -25,22 +26,22 @@ using sys_seconds = date::sys_seconds;
 struct field_spec {
   const char* name;
   int min, max;
-  const std::array<std::string_view, 12>* names;  // names[i] is min + i; nullptr: none
-  bool question;                                  // `?` allowed (a day field)
+  std::span<const std::string_view> names;  // names[i] is the value min + i; empty: none
+  bool question;                            // `?` allowed (a day field)
 };
 
 constexpr std::array<std::string_view, 12> k_month_names = {
     "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"};
-constexpr std::array<std::string_view, 12> k_day_names = {"SUN", "MON", "TUE", "WED",
-                                                          "THU", "FRI", "SAT"};
+constexpr std::array<std::string_view, 7> k_day_names = {"SUN", "MON", "TUE", "WED",
+                                                         "THU", "FRI", "SAT"};
 
-constexpr field_spec k_second{"second", 0, 59, nullptr, false};
-constexpr field_spec k_minute{"minute", 0, 59, nullptr, false};
-constexpr field_spec k_hour{"hour", 0, 23, nullptr, false};
-constexpr field_spec k_dom{"day-of-month", 1, 31, nullptr, true};
-constexpr field_spec k_month{"month", 1, 12, &k_month_names, false};
+constexpr field_spec k_second{"second", 0, 59, {}, false};
+constexpr field_spec k_minute{"minute", 0, 59, {}, false};
+constexpr field_spec k_hour{"hour", 0, 23, {}, false};
+constexpr field_spec k_dom{"day-of-month", 1, 31, {}, true};
+constexpr field_spec k_month{"month", 1, 12, k_month_names, false};
 // 7 is Sunday too; folded into 0 after parsing.
-constexpr field_spec k_dow{"day-of-week", 0, 7, &k_day_names, true};
+constexpr field_spec k_dow{"day-of-week", 0, 7, k_day_names, true};
 
 bool iequal(std::string_view a, std::string_view b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
@@ -67,12 +68,11 @@ decoded<int> field_value(const field_spec& f, std::string_view tok, std::string_
                                       std::to_string(f.max)};
     return v;
   }
-  if (f.names)
-    for (std::size_t i = 0; i < f.names->size(); ++i)
-      if (!(*f.names)[i].empty() && iequal(tok, (*f.names)[i])) return f.min + static_cast<int>(i);
+  for (std::size_t i = 0; i < f.names.size(); ++i)
+    if (iequal(tok, f.names[i])) return f.min + static_cast<int>(i);
   return decode_error{f.name, quoted(tok) + " is not a number" +
-                                  (f.names ? std::string(" or a name") : std::string()) + " (in " +
-                                  quoted(item) + ")"};
+                                  (f.names.empty() ? std::string() : std::string(" or a name")) +
+                                  " (in " + quoted(item) + ")"};
 }
 
 // Parses one field into `out` (indexed by value); `any` is set when the field
@@ -248,6 +248,20 @@ std::optional<local_seconds> prev_match(const cron_expr& e, local_seconds from,
   return std::nullopt;
 }
 
+// Whether `e` has the shape parse_cron gives (a hand-built or default
+// cron_expr may not): each set the right size and allowing some value.
+bool well_formed(const cron_expr& e) {
+  auto ok = [](const std::vector<bool>& s, std::size_t n, std::size_t first) {
+    return s.size() == n && std::find(s.begin() + first, s.end(), true) != s.end();
+  };
+  return ok(e.seconds, 60, 0) && ok(e.minutes, 60, 0) && ok(e.hours, 24, 0) && ok(e.days, 32, 1) &&
+         ok(e.months, 13, 1) && ok(e.weekdays, 7, 0);
+}
+
+decode_error malformed(const cron_expr& e) {
+  return decode_error{"cron", quoted(e.text) + " is not a parsed cron expression"};
+}
+
 // ---- local time <-> instant ----------------------------------------------
 // A local time's instant: the only one; the first of two (fall-back); the
 // instant the gap ends (spring-forward). This map never decreases as the
@@ -302,6 +316,7 @@ constexpr std::int64_t k_max_ms = 253402300799999;  // 9999-12-31T23:59:59.999Z
 constexpr std::int64_t k_min_ms = -62135596800000;  // 0001-01-01T00:00:00Z
 
 decoded<std::optional<std::int64_t>> cron_next(const cron_schedule& c, std::int64_t after_ms) {
+  if (!well_formed(c.expr)) return malformed(c.expr);
   auto z = zone_of(c.zone);
   if (!z) return z.error();
   if (after_ms >= k_max_ms - k_search_span.count() * std::int64_t{86400000})
@@ -318,6 +333,7 @@ decoded<std::optional<std::int64_t>> cron_next(const cron_schedule& c, std::int6
 
 decoded<std::optional<std::int64_t>> cron_latest(const cron_schedule& c, std::int64_t after_ms,
                                                  std::int64_t at_ms) {
+  if (!well_formed(c.expr)) return malformed(c.expr);
   auto z = zone_of(c.zone);
   if (!z) return z.error();
   if (at_ms <= after_ms) return std::optional<std::int64_t>();
@@ -616,6 +632,7 @@ std::optional<decode_error> check(const cron_job_spec& j) {
   if (j.name.empty() || j.name.size() > 64 || !std::all_of(j.name.begin(), j.name.end(), name_char))
     return decode_error{"name", quoted(j.name) + " is not 1..64 of A-Z a-z 0-9 _ . -"};
   if (auto c = std::get_if<cron_schedule>(&j.when)) {
+    if (!well_formed(c->expr)) return under("schedule", malformed(c->expr));
     if (!known_zone(c->zone))
       return decode_error{"schedule.tz", "unknown time zone " + quoted(c->zone)};
     if (!ever_fires(c->expr))

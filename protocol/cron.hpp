@@ -64,11 +64,15 @@ using schedule = std::variant<cron_schedule, at_schedule, every_schedule>;
 /// The first occurrence strictly after `after_ms`, or nullopt when there is
 /// none (a one-shot already past, an expression that never matches within
 /// five years, e.g. "0 0 30 2 *"). An unknown zone is an error naming it.
+/// A cron search walks local time field by field (a month, day, hour or
+/// minute that cannot match is skipped whole), at most five years of it.
 decoded<std::optional<std::int64_t>> next_after(const schedule& s, std::int64_t after_ms);
 
 /// The last occurrence at or before `at_ms` that is strictly after
 /// `after_ms`, or nullopt: the newest of the occurrences that fell in
 /// (after_ms, at_ms] (catch-up coalesces a run of missed occurrences to it).
+/// O(1) for `every`; for cron a field-wise search backwards from `at_ms`,
+/// at most five years of local time, never one step per occurrence.
 decoded<std::optional<std::int64_t>> latest_in(const schedule& s, std::int64_t after_ms,
                                                std::int64_t at_ms);
 

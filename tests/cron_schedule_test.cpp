@@ -281,6 +281,18 @@ TEST_CASE("Berlin's 2026 transitions follow the same rules", "[cron_schedule]") 
   CHECK(next(daily, utc("2026-10-25T01:10:00Z")) == utc("2026-10-26T01:30:00Z"));
 }
 
+TEST_CASE("a cron schedule whose expression was never parsed is an error, not a crash",
+          "[cron_schedule]") {
+  schedule blank = cron_schedule{};
+  CHECK_FALSE(protocol::next_after(blank, 0));
+  CHECK_FALSE(protocol::latest_in(blank, 0, 1000));
+  auto j = shell_job("blank");
+  j.when = blank;
+  auto e = protocol::check(j);
+  REQUIRE(e);
+  CHECK(e->field == "schedule.cron");
+}
+
 TEST_CASE("an unknown zone is an error naming it", "[cron_schedule]") {
   auto r = protocol::next_after(cron("* * * * *", "Mars/Olympus_Mons"), 0);
   REQUIRE_FALSE(r);
@@ -300,7 +312,9 @@ TEST_CASE("an every schedule counts from its anchor and an at schedule fires onc
   CHECK(next(every, 60999) == 61000);
   CHECK(next(every, 61000) == 121000);
   CHECK(next(every, -5000000) == 1000);
-  CHECK(next(every_schedule{INT64_MAX / 2, 0}, INT64_MAX - 10) == std::nullopt);
+  // Near the end of time: the last occurrence that fits, then none.
+  CHECK(next(every_schedule{INT64_MAX / 2, 0}, INT64_MAX - 10) == INT64_MAX - 1);
+  CHECK(next(every_schedule{INT64_MAX / 2, 0}, INT64_MAX - 1) == std::nullopt);
   CHECK_FALSE(protocol::next_after(every_schedule{0, 0}, 0));
 
   schedule at = at_schedule{utc("2026-12-03T09:00:00Z")};

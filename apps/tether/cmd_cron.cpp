@@ -145,10 +145,8 @@ int cron(const args& a) {
   return usage_error("unknown subcommand '" + a[0] + "'");
 }
 
-registrar cron_cmd{{"cron",
-                    "next EXPR | validate FILE: a cron expression's next occurrences, or check "
-                    "a schedule file (docs/cron.md)",
-                    cron}};
+registrar cron_cmd{
+    {"cron", "next EXPR | validate FILE: cron times and schedule files (docs/cron.md)", cron}};
 
 }  // namespace
 }  // namespace tether::cli
