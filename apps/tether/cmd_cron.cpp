@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "command.hpp"
@@ -45,63 +46,66 @@ std::string both_times(std::int64_t ms, const std::string& zone) {
   return proto::format_utc(ms) + "  " + local_time(ms, zone);
 }
 
-int next(const args& a) {
-  std::string expr, zone = "UTC";
-  std::optional<std::int64_t> after;
+struct options {
+  std::string operand;  // EXPR or FILE
+  std::string zone = "UTC";
   long n = 5;
+  std::int64_t after = 0;
+};
+
+// The arguments after the subcommand; `next` also takes --tz and -n. An
+// error says what was wrong.
+std::optional<std::string> parse_options(const args& a, bool is_next, options& o) {
+  o.after = now_ms();
   for (std::size_t i = 1; i < a.size(); ++i) {
-    if (a[i] == "--tz" && i + 1 < a.size()) {
-      zone = a[++i];
-    } else if (a[i] == "-n" && i + 1 < a.size()) {
+    bool has_value = i + 1 < a.size();
+    if (is_next && a[i] == "--tz" && has_value) {
+      o.zone = a[++i];
+    } else if (is_next && a[i] == "-n" && has_value) {
       char* end = nullptr;
-      n = std::strtol(a[++i].c_str(), &end, 10);
-      if (*end != '\0' || n < 1 || n > 1000)
-        return usage_error("-n '" + a[i] + "' is not a whole number in 1..1000");
-    } else if (a[i] == "--after" && i + 1 < a.size()) {
+      o.n = std::strtol(a[++i].c_str(), &end, 10);
+      if (*end != '\0' || o.n < 1 || o.n > 1000)
+        return "-n '" + a[i] + "' is not a whole number in 1..1000";
+    } else if (a[i] == "--after" && has_value) {
       auto t = proto::parse_utc(a[++i]);
-      if (!t) return usage_error("--after: " + t.error().problem);
-      after = *t;
-    } else if (expr.empty() && !a[i].empty() && a[i][0] != '-') {
-      expr = a[i];
+      if (!t) return "--after: " + t.error().problem;
+      o.after = *t;
+    } else if (o.operand.empty() && !a[i].empty() && a[i][0] != '-') {
+      o.operand = a[i];
     } else {
-      return usage_error("unexpected argument '" + a[i] +
-                         "' (quote the expression as one argument)");
+      return "unexpected argument '" + a[i] + "'" +
+             (is_next ? " (quote the expression as one argument)" : "");
     }
   }
-  if (expr.empty()) return usage_error("next needs an expression");
-  auto e = proto::parse_cron(expr);
+  if (o.operand.empty()) return is_next ? "next needs an expression" : "validate needs a file";
+  return std::nullopt;
+}
+
+int next(const args& a) {
+  options o;
+  if (auto err = parse_options(a, true, o)) return usage_error(*err);
+  auto e = proto::parse_cron(o.operand);
   if (!e) return usage_error(e.error().describe());
-  if (!proto::known_zone(zone)) return usage_error("--tz: unknown time zone '" + zone + "'");
-  proto::schedule s = proto::cron_schedule{*e, zone};
-  auto t = after.value_or(now_ms());
-  for (long k = 0; k < n; ++k) {
+  if (!proto::known_zone(o.zone)) return usage_error("--tz: unknown time zone '" + o.zone + "'");
+  proto::schedule s = proto::cron_schedule{*e, o.zone};
+  auto t = o.after;
+  for (long k = 0; k < o.n; ++k) {
     auto r = proto::next_after(s, t);
     if (!r) return usage_error(r.error().describe());
     if (!*r) {
       std::cout << "(no more occurrences within five years)\n";
       break;
     }
-    std::cout << both_times(**r, zone) << "\n";
+    std::cout << both_times(**r, o.zone) << "\n";
     t = **r;
   }
   return 0;
 }
 
 int validate(const args& a) {
-  std::string file;
-  std::optional<std::int64_t> after;
-  for (std::size_t i = 1; i < a.size(); ++i) {
-    if (a[i] == "--after" && i + 1 < a.size()) {
-      auto t = proto::parse_utc(a[++i]);
-      if (!t) return usage_error("--after: " + t.error().problem);
-      after = *t;
-    } else if (file.empty() && !a[i].empty() && a[i][0] != '-') {
-      file = a[i];
-    } else {
-      return usage_error("unexpected argument '" + a[i] + "'");
-    }
-  }
-  if (file.empty()) return usage_error("validate needs a file");
+  options o;
+  if (auto err = parse_options(a, false, o)) return usage_error(*err);
+  const auto& file = o.operand;
   std::ifstream in(file, std::ios::binary);
   if (!in) {
     std::cerr << "tether cron validate: cannot read " << file << "\n";
@@ -115,13 +119,12 @@ int validate(const args& a) {
               << "\n";
     return 2;
   }
-  auto t = after.value_or(now_ms());
   for (const auto& j : *jobs) {
     std::cout << j.name << "  " << proto::describe(j.when) << "  ";
     auto zone = std::holds_alternative<proto::cron_schedule>(j.when)
                     ? std::get<proto::cron_schedule>(j.when).zone
                     : std::string("UTC");
-    auto r = proto::next_after(j.when, t);
+    auto r = proto::next_after(j.when, o.after);
     if (r && *r)
       std::cout << "next " << proto::format_utc(**r) << " (" << local_time(**r, zone) << ")";
     else
