@@ -55,6 +55,52 @@ delegate_runner default_delegate_runner(host& h) {
   };
 }
 
+// A prompt job's occurrence: its agent in a fresh session named after the
+// attempt (a taken-over run finds the session and waits for it instead of
+// prompting again), or in the agent's main session; the last answer is the
+// output.
+cron_prompt_runner default_cron_prompt_runner(host& h) {
+  return [&h](protocol::cron_job_spec spec, job_id run,
+              protocol::session_policy policy) -> awaitable<result<std::string>> {
+    auto& store = h.store();
+    session_id sid(spec.session == protocol::cron_session::main ? "main-" + spec.agent
+                                                                : "s_" + run.str());
+    auto read = [&store, sid] { return store.session(sid); };
+    auto have = co_await store.offload(std::move(read));
+    if (!have) co_return have.error();
+    bool prompted = false;
+    std::int64_t after = 0;
+    if (!*have) {
+      persistence::session_row row;
+      row.id = sid;
+      row.description = "cron job " + spec.name;
+      row.agent = spec.agent;
+      row.policy = policy;
+      auto s = co_await h.create_session_row(std::move(row));
+      if (!s) co_return s.error();
+    }
+    if (spec.session == protocol::cron_session::main || !*have) {
+      auto p = co_await h.prompt(sid, spec.prompt);
+      if (!p) co_return p.error();
+      after = *p;
+      prompted = true;
+    }
+    (void)prompted;
+    try {
+      auto idle = co_await h.wait_idle(sid);
+      if (!idle) co_return idle.error();
+    } catch (const boost::system::system_error&) {
+      h.interrupt(sid);  // timed out: the session is interrupted too
+      throw;
+    }
+    auto last_read = [&store, sid, after] { return store.last_assistant_after(sid, after); };
+    auto last = co_await store.offload(std::move(last_read));
+    if (!last) co_return last.error();
+    if (!*last) co_return error{errc::failed, "agent '" + spec.agent + "' gave no answer"};
+    co_return (*last)->text;
+  };
+}
+
 }  // namespace
 
 result<std::unique_ptr<host>> host::open(host_options opts) {
@@ -96,6 +142,11 @@ result<std::unique_ptr<host>> host::open(host_options opts) {
   h->delegates_ = std::make_shared<actors::delegates>(h->pool_->at(0), *h->store_, opts.delegation,
                                                       std::move(runner), std::move(deliver),
                                                       [hp](const std::string& w) { hp->warn(w); });
+  if (opts.cron)
+    h->cron_ = std::make_shared<actors::cron_scheduler>(
+        h->pool_->at(0), *h->store_, *opts.cron, h->jobs_->channel_ptr(),
+        default_cron_prompt_runner(*hp), opts.default_policy,
+        [hp](const std::string& w) { hp->warn(w); });
   return h;
 }
 
@@ -113,6 +164,7 @@ host::~host() {
   // host (activity counters), so the executors go while every member lives.
   // The queue's connections before the executors they were opened on, and
   // the delegates' timer before its executor.
+  cron_.reset();
   jobs_.reset();
   delegates_.reset();
   pool_.reset();
@@ -771,6 +823,13 @@ awaitable<result<boot_report>> host::boot() {
       asio::co_spawn(ex, retention_sweeps(std::move(held)), asio::detached);
     }
   }
+  // Scheduled work last: its runs may prompt sessions that boot resumed.
+  if (cron_) {
+    auto started = co_await cron_->start();
+    if (!started) co_return started.error();
+    std::lock_guard lk(*rep_m);
+    rep.cron = std::move(*started);
+  }
   std::lock_guard lk(*rep_m);
   if (expired)
     rep.expired = *expired;
@@ -829,6 +888,15 @@ void host::shutdown() {
       runtime::sync_wait(pool_->at(0), stop_sweeps());
     } catch (const std::exception& e) {
       warn(std::string("shutdown: retention sweep: ") + e.what());
+    }
+  }
+  // The scheduler first: no new claim, and its runs in flight end while the
+  // sessions and the sandbox channel still answer them.
+  if (cron_) {
+    try {
+      runtime::sync_wait(pool_->at(0), cron_->shutdown());
+    } catch (const std::exception& e) {
+      warn(std::string("shutdown: cron scheduler: ") + e.what());
     }
   }
   // Delegated tasks: their workers are interrupted, their rows stay running

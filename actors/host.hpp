@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "tether/actors/agent.hpp"
+#include "tether/actors/cron.hpp"
 #include "tether/actors/delegates.hpp"
 #include "tether/actors/delivery.hpp"
 #include "tether/actors/directory.hpp"
@@ -106,6 +107,13 @@ struct host_options {
   /// subagents, forks and delegates): shells, spawns, delegates and host
   /// tools (agent_context::act) count against it. max_actions 0: none.
   runtime::budget_options action_budget;
+  /// Scheduled work (docs/cron.md): set, the host runs a cron scheduler,
+  /// started at the end of boot (after the other phases) and stopped first
+  /// at shutdown. Its default clock is the system's; shell runs go through
+  /// the job queue's sandbox channel; a prompt job runs in a fresh session
+  /// of its agent (`isolated`, named after the attempt) or in the agent's
+  /// main session (`main-<agent>`, created if missing).
+  std::optional<cron_options> cron;
   /// Where warnings go (boot: id conflicts, cleared rows). Default: stderr.
   std::function<void(const std::string&)> log;
 };
@@ -119,6 +127,7 @@ struct boot_report {
   int resumed_top = 0;           // phase 2
   int resumed_children = 0;      // phase 3
   int expired = 0;               // finished tasks past options().task_retention, deleted
+  std::optional<cron_startup> cron;  // the scheduler's start (host_options::cron)
   recovery_report jobs;  // owned jobs: reattached, settled while down, lost, receipts resent
   std::vector<std::string> warnings;
 };
@@ -206,6 +215,8 @@ class host {
   job_queue& jobs() { return *jobs_; }
   /// The registry of delegated tasks (start, run, result, wait, list, cancel).
   actors::delegates& delegation() { return *delegates_; }
+  /// The cron scheduler, or nullptr when host_options::cron is not set.
+  actors::cron_scheduler* cron() { return cron_.get(); }
   /// The scope of `s`'s current (or last) turn, as the runtime supplies it to
   /// a job launched on its behalf.
   result<owner_scope> scope_of(const session_id& s);
@@ -284,6 +295,7 @@ class host {
   std::unique_ptr<actors::delivery> delivery_;
   std::unique_ptr<job_queue> jobs_;
   std::shared_ptr<actors::delegates> delegates_;
+  std::shared_ptr<actors::cron_scheduler> cron_;
   runtime::action_budgets budgets_;
   const protocol::scrubber scrub_;  // texts the host itself writes for a model
 

@@ -179,6 +179,7 @@ class job_queue {
   std::optional<std::pair<protocol::sandbox_id, std::uint64_t>> sandbox() const;
   /// The queue's one sandbox channel: every request to the sandbox goes through it.
   sandbox_channel& channel() { return *channel_; }
+  std::shared_ptr<sandbox_channel> channel_ptr() { return channel_; }
   sandbox_lease& lease() { return channel_->lease(); }
 
   /// Refuses new work, stops each job actor (its waiters resume, a held

@@ -100,7 +100,8 @@ const row_check k_row_checks[] = {
     {"messages", "session_id || '/' || seq", "payload",
      "CASE WHEN json_valid(payload) THEN json_type(payload, '$.text') IS NOT 'text' ELSE 1 END",
      "not a JSON object with a text"},
-    {"tasks", "id", "kind", "kind NOT IN ('subagent','local_shell','shell','delegate','goal')",
+    {"tasks", "id", "kind",
+     "kind NOT IN ('subagent','local_shell','shell','delegate','goal','cron_run')",
      "unknown value"},
     {"tasks", "id", "state",
      "state NOT IN ('admitted','running','completed','failed','cancelled','lost','timed_out')",
@@ -156,6 +157,14 @@ const row_check k_row_checks[] = {
     {"settlement_intents", "task_id", "task_id",
      "NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = task_id AND t.kind = 'delegate')",
      "not a delegate task"},
+    {"tasks", "id", "payload",
+     "kind = 'cron_run' AND CASE WHEN json_valid(payload) THEN json_type(payload, '$.job') IS NOT "
+     "'text' OR json_type(payload, '$.occurrence') IS NOT 'integer' ELSE 1 END",
+     "not a JSON object with a job and an occurrence"},
+    {"cron_jobs", "name", "spec", "NOT json_valid(spec)", "not JSON"},
+    {"cron_jobs", "name", "source", "source NOT IN ('config','runtime')", "unknown value"},
+    {"cron_jobs", "name", "enabled", TETHER_NOT_BOOL("enabled"), "not 0 or 1"},
+    {"cron_jobs", "name", "fence", TETHER_NOT_UINT("fence"), "not a non-negative integer"},
 };
 
 #undef TETHER_NOT_UINT

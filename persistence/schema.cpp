@@ -318,6 +318,29 @@ ALTER TABLE tasks ADD COLUMN input_tokens INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tasks ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS tasks_goal ON tasks(goal_id) WHERE goal_id IS NOT NULL;
 )sql",
+      // 10: scheduled work (docs/cron.md). A job's definition, its next
+      // occurrence and the claim on it live in `cron_jobs` (a definition is
+      // not background work; its runs are: each due occurrence runs as one
+      // task of kind `cron_run`, id `cron-<job>-<occurrence>`, thread
+      // `cron:<job>`). A claim records its claimant, its lease and the
+      // fencing token it incremented.
+      R"sql(
+CREATE TABLE IF NOT EXISTS cron_jobs (
+  name         TEXT PRIMARY KEY,
+  source       TEXT NOT NULL,     -- config | runtime
+  spec         TEXT NOT NULL,     -- JSON cron_job_spec (protocol/cron.hpp)
+  enabled      INTEGER NOT NULL DEFAULT 1,
+  next_run     INTEGER,           -- ms since the epoch; NULL: no occurrence left
+  claim_owner  TEXT,              -- the claimant's process identity; NULL: unclaimed
+  claim_until  INTEGER,           -- the claim's lease
+  fence        INTEGER NOT NULL DEFAULT 0,
+  last_status  TEXT,
+  last_run     INTEGER,
+  created_at   INTEGER NOT NULL,
+  updated_at   INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS cron_jobs_due ON cron_jobs(next_run) WHERE enabled = 1;
+)sql",
   };
   return steps;
 }

@@ -20,6 +20,7 @@
 
 #include "tether/persistence/database.hpp"
 #include "tether/persistence/writer.hpp"
+#include "tether/protocol/cron.hpp"
 #include "tether/protocol/ids.hpp"
 #include "tether/protocol/notice.hpp"
 #include "tether/protocol/policy.hpp"
@@ -239,6 +240,81 @@ struct goal_record {
   std::int64_t input_tokens = 0, output_tokens = 0;  // summed over its members
 };
 
+// ---- scheduled work (docs/cron.md) ----
+
+/// A scheduled job (`cron_jobs`): its definition, where it came from, its
+/// next occurrence and the claim on it. A claim is the right to run the
+/// occurrence `next_run`: its claimant, its lease, and the fencing token
+/// the claim incremented; only a completion carrying that token commits.
+struct cron_job_row {
+  protocol::cron_job_spec spec;          // spec.name is the key
+  std::string source = "runtime";        // config (a schedule file) | runtime (API, tool call)
+  std::optional<std::int64_t> next_run;  // ms; nullopt: no occurrence left
+  std::string claim_owner;               // "" = unclaimed
+  std::int64_t claim_until = 0;          // the claim's lease (ms)
+  std::int64_t fence = 0;                // incremented by every claim
+  std::string last_status;               // ok | error | degraded | skipped | timed_out | ""
+  std::optional<std::int64_t> last_run;  // the occurrence of the last run recorded
+  std::int64_t created_at = 0, updated_at = 0;
+};
+
+/// A claim taken by cron_claim_due(): run `occurrence` of `spec` as task
+/// `task`, starting at attempt `attempt` (a reclaimed run resumes the attempt
+/// its previous claimant recorded).
+struct cron_claim {
+  protocol::cron_job_spec spec;
+  std::int64_t occurrence = 0;
+  std::int64_t fence = 0;
+  job_id task;
+  int attempt = 0;
+  bool reclaimed = false;  // the run task existed: an earlier claim of this occurrence lapsed
+  /// -1: the occurrence already has a terminal run (the claim was released
+  /// at once; it is never run again and the job is to be moved on).
+};
+
+/// One run of a job (a task of kind `cron_run`), as its history shows it.
+struct cron_run_row {
+  job_id id;
+  std::string job;
+  std::int64_t occurrence = 0;
+  std::string state;   // the task state (admitted, running, completed, failed, ...)
+  std::string status;  // once terminal: ok | error | degraded | skipped | timed_out
+  int attempt = 0;     // the attempt running or last run (0 = the first)
+  std::optional<int> exit;
+  std::int64_t duration_ms = 0;
+  std::string output;  // scrubbed, bounded
+  std::string error;
+  std::string owner;  // the claimant that ran it
+  std::int64_t created_at = 0, updated_at = 0;
+};
+
+/// What a run's completion does to its job, in the same transaction.
+enum class cron_after { reschedule, remove, disable };
+
+/// A run's completion: the run record, the history bound, then the job's
+/// next step. Commits only if the job's claim still carries `fence` and
+/// `owner` (errc::conflict otherwise: a stale claimant, nothing written).
+struct cron_completion {
+  std::string job;
+  job_id task;
+  std::int64_t fence = 0;
+  std::string owner;
+  std::string state;   // the run task's terminal state word
+  std::string status;  // ok | error | degraded | skipped | timed_out
+  std::optional<int> exit;
+  std::int64_t duration_ms = 0;
+  int attempts = 1;
+  std::string output;  // already scrubbed and bounded
+  std::string error;
+  cron_after after = cron_after::reschedule;
+  std::optional<std::int64_t> next_run;  // reschedule: the next occurrence (nullopt: none)
+  std::size_t keep_runs = 50;            // history bound: the newest runs kept per job
+};
+
+/// The task id of a job's occurrence: one task per due occurrence, so a
+/// second claim of the same occurrence finds the first's task.
+job_id cron_run_id(const std::string& job, std::int64_t occurrence);
+
 /// The reads of the store, through read-only connections that never wait on
 /// the writer. On its own it serves tools like `tether inspect`, and never
 /// creates, migrates or writes the file; check_readable() it first.
@@ -297,6 +373,17 @@ class task_reader {
   result<std::string> task_kind(const job_id& id);
   /// A goal with its members and their summed usage.
   result<std::optional<goal_record>> goal(const job_id& id);
+
+  // Scheduled work.
+
+  /// Every scheduled job, by name.
+  result<std::vector<cron_job_row>> cron_jobs();
+  result<std::optional<cron_job_row>> cron_job(const std::string& name);
+  /// A job's runs, newest first.
+  result<std::vector<cron_run_row>> cron_runs(const std::string& job);
+  /// The earliest time the scheduler has something to do: an enabled,
+  /// unclaimed job's next run, or a claim's lease expiry. nullopt: nothing.
+  result<std::optional<std::int64_t>> cron_next_wake();
 
   /// Runs `fn` (which calls the reads above) on the read threads and resumes
   /// the caller on its executor: how an actor reads (reader_pool::offload).
@@ -448,6 +535,54 @@ class task_store : public task_reader {
   /// Adds model usage to a task; false if there is no such task.
   awaitable<result<bool>> add_usage(job_id task, std::int64_t input_tokens,
                                     std::int64_t output_tokens);
+
+  // --- scheduled work (docs/cron.md) ---
+  /// Adds a job, or replaces the definition of one from the same source
+  /// (its claim, fence and history kept; `next_run` set). A job of the other
+  /// source with that name is refused (errc::conflict), nothing written.
+  awaitable<result<void>> cron_put(cron_job_row row);
+  /// Deletes a job (its runs stay as history). False if there was none.
+  awaitable<result<bool>> cron_remove(std::string name);
+  /// Enables (with its next run) or disables a job. False if there is none.
+  awaitable<result<bool>> cron_set_enabled(std::string name, bool enabled,
+                                           std::optional<std::int64_t> next_run);
+  /// Reconciles the jobs of a schedule file in one transaction: `rows` are
+  /// added or replaced (a row whose spec is unchanged keeps its next run),
+  /// config jobs not among them are deleted; runtime jobs are untouched.
+  struct reconciled {
+    std::vector<std::string> added, changed, removed;
+  };
+  awaitable<result<reconciled>> cron_reconcile(std::vector<cron_job_row> rows);
+  /// The claim compare-and-set, for up to `limit` due jobs (enabled, next run
+  /// at or before `now`, unclaimed or with an expired lease), oldest due
+  /// first: each claimed job records `owner`, the lease and fence + 1, and
+  /// its occurrence's run task is admitted (or, when an earlier claim lapsed,
+  /// taken over with the new fence). One transaction.
+  awaitable<result<std::vector<cron_claim>>> cron_claim_due(std::int64_t now, std::string owner,
+                                                            std::int64_t lease_until, int limit);
+  /// Moves the leases of `owner`'s claims on (each only if its fence still
+  /// matches); returns the jobs whose claim was lost.
+  awaitable<result<std::vector<std::string>>> cron_renew(
+      std::string owner, std::int64_t lease_until,
+      std::vector<std::pair<std::string, std::int64_t>> claims);
+  /// Records that attempt `attempt` of the claimed run is about to be
+  /// dispatched (the task becomes running). False if the claim is stale.
+  awaitable<result<bool>> cron_attempt(std::string job, std::int64_t fence, std::string owner,
+                                       job_id task, int attempt);
+  /// The completion transaction (cron_completion). False with nothing
+  /// written if the run task was already terminal.
+  awaitable<result<bool>> cron_complete(cron_completion c);
+  /// Moves an unclaimed job's next run from `expected` to `next_run`
+  /// (disabling it if `disable`), optionally with a `skipped` run record
+  /// for the occurrence `expected` (reason `why`). A compare-and-set: false
+  /// if the job changed meanwhile.
+  awaitable<result<bool>> cron_advance(std::string job, std::int64_t expected,
+                                       std::optional<std::int64_t> next_run, bool disable,
+                                       std::optional<std::string> skipped_why,
+                                       std::size_t keep_runs = 50);
+  /// Clears the claims of `owners` (provably gone processes); how many.
+  /// Their run tasks stay, to be taken over by the next claim.
+  awaitable<result<int>> cron_clear_claims(std::vector<std::string> owners);
 
   /// Records the sandbox generation this host is bound to.
   awaitable<result<void>> bind_sandbox(protocol::sandbox_id sandbox, std::uint64_t generation);

@@ -80,7 +80,11 @@ class one_shot : public std::enable_shared_from_this<one_shot<T>> {
 
   static void complete(waiter w, const T& v) {
     auto ex = w.ex;
-    boost::asio::post(ex, [h = std::move(w.handler), v]() mutable {
+    // The copy is a T, not a const T (a plain `v` capture of a const
+    // reference would be): moved out of a const T, a boost::system::result<bool>
+    // is built by its converting constructor from the result's explicit
+    // operator bool, so a false value arrived as true.
+    boost::asio::post(ex, [h = std::move(w.handler), v = T(v)]() mutable {
       auto slot = boost::asio::get_associated_cancellation_slot(h);
       if (slot.is_connected()) slot.clear();
       std::move(h)(std::move(v));

@@ -201,7 +201,7 @@ TEST_CASE("steps, lists and names select the documented times", "[cron_schedule]
                                  "2028-02-01T00:00:00.000Z"});
 }
 
-TEST_CASE("when both day fields are restricted a day matches either; one `*` leaves the other",
+TEST_CASE("when both day fields are restricted a day matches either, and one `*` leaves the other",
           "[cron_schedule]") {
   // Day 10 of the month, or any Monday; December 2026: Mon 7, Thu 10, Mon 14.
   CHECK(next_n(cron("0 0 10 * MON"), "2026-12-03T00:00:00Z", 3) ==
@@ -574,7 +574,7 @@ TEST_CASE("the example schedule file is valid", "[cron_schedule]") {
   CHECK(jobs->size() == 3);
 }
 
-TEST_CASE("tether cron next prints occurrences in UTC and local time; validate checks a file",
+TEST_CASE("tether cron next prints occurrences in UTC and local time, and validate checks a file",
           "[cron_schedule]") {
   auto r = test::run_captured({k_tether, "cron", "next", "30 2 * * *", "--tz", "America/New_York",
                                "-n", "2", "--after", "2026-03-07T12:00:00Z"});

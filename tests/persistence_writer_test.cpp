@@ -522,3 +522,24 @@ TEST_CASE("deleting a session drops what was owed to it and keeps its tasks as h
   CHECK(again.error().code == errc::not_found);
   CHECK(again.error().message.find("'parent' does not exist") != std::string::npos);
 }
+
+TEST_CASE("a write that answers false is awaited as false, not as true", "[regression]") {
+  // The one-shot that carries a write's answer copied it as a const value
+  // and moved it into the handler: boost::system::result<bool>'s converting
+  // constructor then took the result's explicit operator bool (has a value:
+  // true), so every `false` from the writer (a lost compare-and-set, an ack
+  // of an acked receipt, a stale cron claim) arrived as `true`.
+  test::scratch_dir dir("false-answer");
+  auto w = open_writer(dir.file("t.db"));
+  for (bool answer : {false, true}) {
+    auto fn = [answer](SQLite::Database&) -> result<bool> { return answer; };
+    auto r = test::run(w->write("answer", 8, fn));
+    REQUIRE(r);
+    CHECK(*r == answer);
+  }
+  auto st = runtime::one_shot<result<bool>>::make();
+  st->set(result<bool>(false));
+  auto waited = test::run(st->async_wait(boost::asio::use_awaitable));
+  REQUIRE(waited);
+  CHECK_FALSE(*waited);
+}

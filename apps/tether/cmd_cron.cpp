@@ -2,6 +2,7 @@
 // UTC and in its zone; `tether cron validate FILE`: checks a schedule file
 // (docs/cron.md) and prints each job's next run. Exit status: 0 when valid,
 // 2 for a malformed expression, file or usage (the message names what is wrong).
+// `tether cron run --db FILE ...`: a host's scheduler on FILE (cmd_cron_run.cpp).
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include <optional>
 #include <sstream>
 
+#include "cmd_cron_run.hpp"
 #include "command.hpp"
 #include "tether/protocol/cron.hpp"
 
@@ -20,6 +22,8 @@ namespace proto = tether::protocol;
 constexpr const char* k_usage =
     "usage: tether cron next EXPR [--tz ZONE] [-n N] [--after TIME]\n"
     "       tether cron validate FILE [--after TIME]\n"
+    "       tether cron run --db FILE [--file JOBS.json] [--catch-up on|off]\n"
+    "                       [--virtual START_MS --until END_MS]\n"
     "  EXPR          a cron expression of 5 or 6 fields, quoted: \"*/15 9-17 * * MON-FRI\"\n"
     "  --tz ZONE     its IANA time zone (default UTC)\n"
     "  -n N          how many occurrences to print (default 5, at most 1000)\n"
@@ -138,7 +142,8 @@ int validate(const args& a) {
 }
 
 int cron(const args& a) {
-  if (a.empty()) return usage_error("missing a subcommand (next or validate)");
+  if (a.empty()) return usage_error("missing a subcommand (next, validate or run)");
+  if (a[0] == "run") return cron_run(args(a.begin() + 1, a.end()));
   if (a[0] == "next") return next(a);
   if (a[0] == "validate") return validate(a);
   if (a[0] == "-h" || a[0] == "--help") {
@@ -149,7 +154,10 @@ int cron(const args& a) {
 }
 
 registrar cron_cmd{
-    {"cron", "next EXPR | validate FILE: cron times and schedule files (docs/cron.md)", cron}};
+    {"cron",
+     "next EXPR | validate FILE | run --db FILE: cron times, schedule files, and a\n"
+     "                 scheduler running a schedule file on a database (docs/cron.md)",
+     cron}};
 
 }  // namespace
 }  // namespace tether::cli

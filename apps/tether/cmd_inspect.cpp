@@ -31,13 +31,14 @@ struct snapshot {
   std::vector<persistence::owned_job> owned;
   std::vector<persistence::history_task> history;  // kinds no longer run (local_shell)
   std::vector<persistence::receipt> receipts;
+  std::vector<persistence::cron_job_row> cron;  // scheduled jobs (docs/cron.md)
 };
 
 result<snapshot> read_snapshot(const std::string& path) {
   auto version = persistence::check_readable(path);
   if (!version) return version.error();
   persistence::task_reader reader(path);
-  snapshot s{path, *version, {}, {}, {}, {}, {}, {}};
+  snapshot s{path, *version, {}, {}, {}, {}, {}, {}, {}};
   auto sessions = reader.sessions();
   if (!sessions) return sessions.error();
   s.sessions = std::move(*sessions);
@@ -58,6 +59,11 @@ result<snapshot> read_snapshot(const std::string& path) {
   auto rs = reader.all_receipts();
   if (!rs) return rs.error();
   s.receipts = std::move(*rs);
+  if (s.schema_version >= 10) {  // schema step 10 made the table
+    auto cron = reader.cron_jobs();
+    if (!cron) return cron.error();
+    s.cron = std::move(*cron);
+  }
   return s;
 }
 
@@ -164,6 +170,22 @@ json::object to_json(const snapshot& s) {
   out["tasks"] = std::move(tasks);
   out["inbox"] = std::move(inbox);
   out["receipts"] = std::move(receipts);
+  json::array cron;
+  for (auto& j : s.cron) {
+    json::object o;
+    o["name"] = j.spec.name;
+    o["source"] = j.source;
+    o["spec"] = protocol::to_json(j.spec);
+    o["enabled"] = j.spec.enabled;
+    o["next_run"] = j.next_run ? json::value(*j.next_run) : json::value(nullptr);
+    o["last_status"] = j.last_status;
+    o["last_run"] = j.last_run ? json::value(*j.last_run) : json::value(nullptr);
+    o["claim_owner"] = j.claim_owner;
+    o["claim_until"] = j.claim_until;
+    o["fence"] = j.fence;
+    cron.push_back(std::move(o));
+  }
+  out["cron_jobs"] = std::move(cron);
   return out;
 }
 
@@ -237,7 +259,7 @@ void print_tasks(std::ostream& out, const snapshot& s) {
                     std::to_string(j.scope.generation), j.preview});
   for (auto& h : s.history)
     rows.push_back({h.id, h.kind, h.state, opt(h.owner), "-", "-", "-", "-",
-                    "(history: a kind this build no longer runs)"});
+                    h.kind == "local_shell" ? "(history: a kind this build no longer runs)" : "-"});
   if (rows.size() > 1) table(out, rows);
   auto pending = std::count_if(s.receipts.begin(), s.receipts.end(), [](auto& r) {
     return r.state == persistence::receipt_state::pending;
@@ -248,6 +270,21 @@ void print_tasks(std::ostream& out, const snapshot& s) {
     rows.push_back({r.id.str(), std::string(persistence::to_string(r.state)), r.scope.thread.str(),
                     r.scope.turn.str(), std::to_string(r.scope.generation)});
   if (!s.receipts.empty()) table(out, rows);
+  if (s.cron.empty()) return;
+  // Scheduled jobs: when each runs next, how it last ended, who holds it.
+  out << "\ncron jobs (" << s.cron.size() << ")\n";
+  rows = {{"name", "source", "enabled", "next run", "last status", "last run", "claim", "lease",
+           "fence"}};
+  auto when = [](const std::optional<std::int64_t>& ms) {
+    return ms ? protocol::format_utc(*ms) : std::string("-");
+  };
+  for (auto& j : s.cron)
+    rows.push_back({j.spec.name, j.source, j.spec.enabled ? "yes" : "no", when(j.next_run),
+                    j.last_status.empty() ? "-" : j.last_status, when(j.last_run),
+                    j.claim_owner.empty() ? "-" : j.claim_owner,
+                    j.claim_owner.empty() ? "-" : protocol::format_utc(j.claim_until),
+                    std::to_string(j.fence)});
+  table(out, rows);
 }
 
 constexpr const char* k_usage = "usage: tether inspect DB [--json] [--task ID | --lifecycle]\n";
