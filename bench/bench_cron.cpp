@@ -20,7 +20,8 @@
 //   batch1           the first `batch1_claims` jobs claimed one per
 //                    transaction (limit 1);
 //   batch64          the rest claimed 64 per transaction (limit 64, the
-//                    scheduler's batch) until none is due.
+//                    scheduler's batch) until none is due; with the claims/s
+//                    of its first and last tenth of calls, and CPU seconds.
 // The raw side, on the copy, per transaction: BEGIN IMMEDIATE; the store's
 // due SELECT (same SQL, same limit); per job `UPDATE cron_jobs SET
 // claim_owner, claim_until, fence = fence + 1 WHERE name AND fence` and an
@@ -33,16 +34,19 @@
 // Output: one JSON figure per line (support.hpp), then one summary object
 // {"bench":"cron",...} with the headline figures.
 //
-// Usage: bench_cron [--jobs N] [--quick]   (default N = 100000; --quick:
-//        N = 10000). The database goes to a fresh directory under $TMPDIR.
+// Usage: bench_cron [--jobs N] [--quick] [--raw-first]   (default N =
+//        100000; --quick: N = 10000; --raw-first: the raw side claims first). The database goes to
+//        a fresh directory under $TMPDIR.
 #include <SQLiteCpp/Database.h>
 #include <SQLiteCpp/Statement.h>
 
 #include <boost/json.hpp>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support.hpp"
@@ -103,11 +107,28 @@ double ms_since(clock::time_point t0) {
   return bench::seconds_since(t0) * 1000.0;
 }
 
+double cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
 struct phase {
   std::size_t claims = 0;
   std::uint64_t transactions = 0;
   double seconds = 0;
+  double cpu = 0;  // process CPU seconds (all threads: the writer's included)
+  // Per call: (claims so far, seconds so far), to compare the first and the
+  // last tenth of the calls (the due SELECT skips the claimed rows).
+  std::vector<std::pair<std::size_t, double>> marks;
   double rate() const { return seconds > 0 ? static_cast<double>(claims) / seconds : NAN; }
+  double tenth_rate(bool last) const {
+    if (marks.size() < 20) return NAN;
+    std::size_t k = marks.size() / 10;
+    auto a = last ? marks[marks.size() - 1 - k] : std::pair<std::size_t, double>{0, 0.0};
+    auto b = last ? marks.back() : marks[k - 1];
+    return static_cast<double>(b.first - a.first) / (b.second - a.second);
+  }
 };
 
 // ---- the store side ----
@@ -117,6 +138,7 @@ phase store_claims(persistence::task_store& store, persistence::writer& w,
                    runtime::executor_pool& pool, int limit, std::size_t max_claims) {
   phase p;
   auto before = w.stats().transactions;
+  auto c0 = cpu_seconds();
   auto t0 = clock::now();
   for (;;) {
     int l = limit;
@@ -130,8 +152,10 @@ phase store_claims(persistence::task_store& store, persistence::writer& w,
     for (auto& c : *got)
       if (c.fence != 1 || c.attempt != 0 || c.reclaimed) die("unexpected claim " + c.task.str());
     p.claims += got->size();
+    p.marks.emplace_back(p.claims, bench::seconds_since(t0));
   }
   p.seconds = bench::seconds_since(t0);
+  p.cpu = cpu_seconds() - c0;
   p.transactions = w.stats().transactions - before;
   return p;
 }
@@ -165,6 +189,7 @@ void open_pragmas(SQLite::Database& db) {
 
 phase raw_claims(raw_db& r, int limit, std::size_t max_claims) {
   phase p;
+  auto c0 = cpu_seconds();
   auto t0 = clock::now();
   struct due {
     std::string name, spec;
@@ -221,8 +246,10 @@ phase raw_claims(raw_db& r, int limit, std::size_t max_claims) {
     ++p.transactions;
     if (found.empty()) break;
     p.claims += n;
+    p.marks.emplace_back(p.claims, bench::seconds_since(t0));
   }
   p.seconds = bench::seconds_since(t0);
+  p.cpu = cpu_seconds() - c0;
   return p;
 }
 
@@ -255,6 +282,9 @@ void emit_phase(const std::string& f, const phase& p) {
   bench::emit(k_bench, f + "_claims_per_s", p.rate(), "claims/s");
   bench::emit(k_bench, f + "_seconds", p.seconds, "s");
   bench::emit(k_bench, f + "_transactions", static_cast<double>(p.transactions), "commits");
+  bench::emit(k_bench, f + "_cpu_seconds", p.cpu, "s");
+  bench::emit(k_bench, f + "_first_tenth_claims_per_s", p.tenth_rate(false), "claims/s");
+  bench::emit(k_bench, f + "_last_tenth_claims_per_s", p.tenth_rate(true), "claims/s");
 }
 
 std::string num(double v) {
@@ -271,20 +301,26 @@ std::string num(double v) {
 std::string phase_json(const phase& p) {
   return "{\"claims\":" + num(static_cast<double>(p.claims)) +
          ",\"claims_per_s\":" + num(p.rate()) + ",\"seconds\":" + num(p.seconds) +
-         ",\"transactions\":" + num(static_cast<double>(p.transactions)) + "}";
+         ",\"transactions\":" + num(static_cast<double>(p.transactions)) +
+         ",\"cpu_seconds\":" + num(p.cpu) +
+         ",\"first_tenth_claims_per_s\":" + num(p.tenth_rate(false)) +
+         ",\"last_tenth_claims_per_s\":" + num(p.tenth_rate(true)) + "}";
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::size_t n = 100000;
+  bool raw_first = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0)
       n = 10000;
     else if (std::strcmp(argv[i], "--jobs") == 0 && i + 1 < argc)
       n = std::strtoul(argv[++i], nullptr, 10);
+    else if (std::strcmp(argv[i], "--raw-first") == 0)
+      raw_first = true;
     else
-      die("usage: bench_cron [--jobs N] [--quick]");
+      die("usage: bench_cron [--jobs N] [--quick] [--raw-first]");
   }
   if (n < 100) die("--jobs must be at least 100");
   const std::size_t put_sample = std::min<std::size_t>(500, n / 10);
@@ -368,21 +404,23 @@ int main(int argc, char** argv) {
   bench::emit(k_bench, "next_wake_again_ms", wake_again_ms, "ms");
 
   // Store: limit 1 for the first batch1_claims, then limit 64 until none due.
-  auto s1 = store_claims(store, **w, pool, 1, batch1_claims);
-  auto s64 = store_claims(store, **w, pool, 64, 0);
-  t0 = clock::now();
-  auto wake2 = store.cron_next_wake();
-  double wake_claimed_ms = ms_since(t0);
-  if (!wake2 || !*wake2 || **wake2 != k_lease) die("cron_next_wake after claims: unexpected");
-
-  // Raw, on the copy.
-  phase r1, r64;
-  {
+  // Raw, on the copy (after the store's claims, or before with --raw-first).
+  phase s1, s64, r1, r64;
+  auto run_raw = [&] {
     raw_db r(raw_path.string());
     open_pragmas(r.db);
     r1 = raw_claims(r, 1, batch1_claims);
     r64 = raw_claims(r, 64, 0);
-  }
+  };
+  if (raw_first) run_raw();
+  s1 = store_claims(store, **w, pool, 1, batch1_claims);
+  s64 = store_claims(store, **w, pool, 64, 0);
+  t0 = clock::now();
+  auto wake2 = store.cron_next_wake();
+  double wake_claimed_ms = ms_since(t0);
+  if (!wake2 || !*wake2 || **wake2 != k_lease) die("cron_next_wake after claims: unexpected");
+  if (!raw_first) run_raw();
+  bench::emit_text(k_bench, "order", raw_first ? "raw_first" : "store_first", "text");
 
   emit_phase("batch1_store", s1);
   emit_phase("batch1_raw", r1);
@@ -405,10 +443,10 @@ int main(int argc, char** argv) {
       "\"raw_claims_per_s\":%s,\"ratio\":%s,\"store\":%s,\"raw\":%s,\"batch1\":{\"store\":%s,"
       "\"raw\":%s,\"ratio\":%s},\"next_wake_ms\":%s,\"next_wake_again_ms\":%s,"
       "\"next_wake_all_claimed_ms\":%s,\"cron_put_per_s\":%s,\"ok\":%s}\n",
-      n, num(s64.rate()).c_str(), num(r64.rate()).c_str(), num(s64.rate() / r64.rate()).c_str(),
-      phase_json(s64).c_str(), phase_json(r64).c_str(), phase_json(s1).c_str(),
-      phase_json(r1).c_str(), num(s1.rate() / r1.rate()).c_str(), num(wake_first_ms).c_str(),
-      num(wake_again_ms).c_str(), num(wake_claimed_ms).c_str(),
+      n, raw_first ? "raw_first" : "store_first", num(s64.rate()).c_str(), num(r64.rate()).c_str(),
+      num(s64.rate() / r64.rate()).c_str(), phase_json(s64).c_str(), phase_json(r64).c_str(),
+      phase_json(s1).c_str(), phase_json(r1).c_str(), num(s1.rate() / r1.rate()).c_str(),
+      num(wake_first_ms).c_str(), num(wake_again_ms).c_str(), num(wake_claimed_ms).c_str(),
       num(static_cast<double>(put_sample) / put_s).c_str(), ok ? "true" : "false");
   std::fflush(stdout);
   std::error_code ec;
