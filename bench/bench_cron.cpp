@@ -439,7 +439,8 @@ int main(int argc, char** argv) {
   bench::emit(k_bench, "ok", ok ? 1 : 0, "bool");
 
   std::printf(
-      "{\"bench\":\"cron\",\"jobs\":%zu,\"sync\":\"full\",\"claim_batch\":64,\"claims_per_s\":%s,"
+      "{\"bench\":\"cron\",\"jobs\":%zu,\"order\":\"%s\",\"sync\":\"full\",\"claim_batch\":64,"
+      "\"claims_per_s\":%s,"
       "\"raw_claims_per_s\":%s,\"ratio\":%s,\"store\":%s,\"raw\":%s,\"batch1\":{\"store\":%s,"
       "\"raw\":%s,\"ratio\":%s},\"next_wake_ms\":%s,\"next_wake_again_ms\":%s,"
       "\"next_wake_all_claimed_ms\":%s,\"cron_put_per_s\":%s,\"ok\":%s}\n",
