@@ -24,7 +24,8 @@
 //                    of its first and last tenth of calls, and CPU seconds.
 // The raw side, on the copy, per transaction: BEGIN IMMEDIATE; the store's
 // due SELECT (same SQL, same limit); per job `UPDATE cron_jobs SET
-// claim_owner, claim_until, fence = fence + 1 WHERE name AND fence` and an
+// claim_owner, claim_until, fence = fence + 1, updated_at WHERE name AND
+// fence` and an
 // INSERT of the run task row in `tasks` (same id, columns and payload); COMMIT.
 // It skips what the store adds: decoding the spec, checking for an earlier
 // run task, the writer's queue and savepoint, and the coroutine hop.
@@ -34,9 +35,13 @@
 // Output: one JSON figure per line (support.hpp), then one summary object
 // {"bench":"cron",...} with the headline figures.
 //
-// Usage: bench_cron [--jobs N] [--quick] [--raw-first]   (default N =
-//        100000; --quick: N = 10000; --raw-first: the raw side claims first). The database goes to
-//        a fresh directory under $TMPDIR.
+// Usage: bench_cron [--jobs N] [--quick] [--raw-first]
+//        default N = 100000; --quick: N = 10000; --raw-first: the raw side
+//        claims first. put_sample = min(500, N/10), batch1_claims =
+//        min(1000, N/10). The database goes to a fresh directory under $TMPDIR.
+// Expect minutes for the full run: the due SELECT walks cron_jobs_due from
+// the oldest next_run and skips every claimed row with a lookup in the table
+// (claim_owner is not in the index), so a drain of N due jobs is quadratic.
 #include <SQLiteCpp/Database.h>
 #include <SQLiteCpp/Statement.h>
 
