@@ -25,8 +25,8 @@
 // The raw side, on the copy, per transaction: BEGIN IMMEDIATE; the store's
 // due SELECT (same SQL, same limit); per job `UPDATE cron_jobs SET
 // claim_owner, claim_until, fence = fence + 1, updated_at WHERE name AND
-// fence` and an
-// INSERT of the run task row in `tasks` (same id, columns and payload); COMMIT.
+// fence` and an INSERT of the run task row in `tasks` (same id, columns and
+// payload); COMMIT.
 // It skips what the store adds: decoding the spec, checking for an earlier
 // run task, the writer's queue and savepoint, and the coroutine hop.
 // Checks: every job claimed once on each side (fence 1, one run task each),
