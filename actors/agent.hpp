@@ -142,6 +142,17 @@ class agent_context {
       job_id id, std::optional<std::chrono::milliseconds> timeout = {}) = 0;
   virtual awaitable<result<std::vector<delegate_view>>> delegate_list() = 0;
   virtual awaitable<result<delegate_view>> delegate_cancel(job_id id) = 0;
+
+  // --- scheduled work (docs/cron.md) ---
+  /// A runtime cron job owned by this session's agent: the runtime sets its
+  /// `agent` (whatever the spec said), so a model cannot schedule work under
+  /// another owner. Checked as the tool "cron" against the policy and the
+  /// action budget; errc::refused when the host runs no scheduler.
+  virtual awaitable<result<persistence::cron_job_row>> cron_add(protocol::cron_job_spec spec) = 0;
+  /// The jobs this session's agent owns.
+  virtual awaitable<result<std::vector<persistence::cron_job_row>>> cron_jobs() = 0;
+  /// Removes a job this session's agent owns; another's is "not found".
+  virtual awaitable<result<bool>> cron_remove(std::string name) = 0;
 };
 
 class agent {

@@ -67,6 +67,7 @@ void cron_scheduler::handle(cron_message& m) {
         using T = std::decay_t<decltype(msg)>;
         if constexpr (std::is_same_v<T, cron_msg::poke>) {
           asleep_after_.reset();  // a pass is due before anyone is told it is quiet
+          ++changes_;
           clock_->interrupt();
         } else if constexpr (std::is_same_v<T, cron_msg::live_count>) {
           msg.reply.send(static_cast<int>(live_.size()));
@@ -104,6 +105,7 @@ awaitable<void> cron_scheduler::quiet_at(std::int64_t at) {
 void cron_scheduler::ended(const std::string& job) {
   live_.erase(job);
   asleep_after_.reset();  // the loop looks again before anyone is told it is quiet
+  ++changes_;
   if (live_.empty()) {
     auto waiters = std::move(idle_waiters_);
     idle_waiters_.clear();
@@ -357,6 +359,7 @@ awaitable<void> cron_scheduler::loop(std::shared_ptr<cron_scheduler> self,
                                      runtime::gate::holder held) {
   (void)held;
   while (!self->stopping_) {
+    auto seen = self->changes_;
     auto now = self->clock_->now_ms();
     int free = self->opts_.max_runs - static_cast<int>(self->live_.size());
     if (free > 0) {
@@ -381,6 +384,9 @@ awaitable<void> cron_scheduler::loop(std::shared_ptr<cron_scheduler> self,
     auto next = co_await self->store_.offload(std::move(read));
     std::int64_t deadline = now + 3600 * 1000;
     if (next && *next) deadline = std::max(now, **next);
+    // Something changed during this pass (a job, a run that ended): what it
+    // read may be stale, so it looks again instead of sleeping on it.
+    if (self->changes_ != seen) continue;
     if (self->clock_->leaps()) {
       // Virtual time moves only when nothing runs: a run's lease cannot
       // lapse under it.

@@ -232,6 +232,9 @@ class cron_scheduler : public runtime::actor<cron_scheduler, cron_message> {
   // to (nothing is due before it unless something changes, which resets it).
   std::optional<std::int64_t> asleep_after_;
   std::int64_t asleep_until_ = 0;
+  // Counts the changes (pokes, ended runs): a pass that began before one
+  // does not go to sleep as if it had seen it.
+  std::uint64_t changes_ = 0;
   void notify_quiet();
   std::mt19937_64 jitter_;
 };

@@ -231,8 +231,49 @@ class session::context : public agent_context {
     co_return co_await s_->host_.delegation().cancel(scope(), std::move(id));
   }
 
+  awaitable<result<persistence::cron_job_row>> cron_add(protocol::cron_job_spec spec) override {
+    auto* cron = s_->host_.cron();
+    if (!cron)
+      co_return error{errc::refused, "this host runs no cron scheduler; nothing was scheduled"};
+    auto allowed = co_await act(std::string(protocol::tool_cron));
+    if (!allowed) co_return allowed.error();
+    spec.agent = s_->row_.agent;  // the owner comes from the runtime, never the model
+    auto added = co_await cron->add(std::move(spec));
+    if (!added) co_return scrubbed(added.error());
+    co_return added;
+  }
+
+  awaitable<result<std::vector<persistence::cron_job_row>>> cron_jobs() override {
+    auto* cron = s_->host_.cron();
+    if (!cron) co_return std::vector<persistence::cron_job_row>{};
+    auto all = co_await cron->jobs();
+    if (!all) co_return scrubbed(all.error());
+    std::vector<persistence::cron_job_row> mine;
+    for (auto& j : *all)
+      if (j.spec.agent == s_->row_.agent) mine.push_back(std::move(j));
+    co_return mine;
+  }
+
+  awaitable<result<bool>> cron_remove(std::string name) override {
+    auto* cron = s_->host_.cron();
+    if (!cron) co_return false;
+    auto allowed = co_await act(std::string(protocol::tool_cron));
+    if (!allowed) co_return allowed.error();
+    auto mine = co_await cron_jobs();
+    if (!mine) co_return mine.error();
+    bool owned = false;
+    for (auto& j : *mine) owned = owned || j.spec.name == name;
+    if (!owned) co_return false;  // another agent's job reads as a missing one
+    co_return co_await cron->remove(std::move(name));
+  }
+
  private:
   using inline_reply = std::shared_ptr<runtime::one_shot<result<std::string>>>;
+
+  // An error a model reads: scrubbed and bounded, its code kept.
+  error scrubbed(const error& e) {
+    return error{e.code, protocol::make_preview(s_->host_.scrubber().scrub(e.message), 2000).text};
+  }
 
   // A refusal by policy or budget: written to the transcript (as a control
   // line the agent's reports never quote), then returned.

@@ -339,7 +339,12 @@ CREATE TABLE IF NOT EXISTS cron_jobs (
   created_at   INTEGER NOT NULL,
   updated_at   INTEGER NOT NULL
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS cron_jobs_due ON cron_jobs(next_run) WHERE enabled = 1;
+-- Two partial indexes, so neither finding due jobs nor the next wake walks
+-- the claimed ones: unclaimed jobs by next run, claimed ones by lease.
+CREATE INDEX IF NOT EXISTS cron_jobs_due ON cron_jobs(next_run)
+  WHERE enabled = 1 AND claim_owner IS NULL;
+CREATE INDEX IF NOT EXISTS cron_jobs_leases ON cron_jobs(claim_until)
+  WHERE enabled = 1 AND claim_owner IS NOT NULL;
 )sql",
   };
   return steps;

@@ -206,8 +206,8 @@ result<std::optional<std::int64_t>> task_reader::cron_next_wake() {
     auto c = readers_.acquire();
     auto& q = c.statement(
         "SELECT min(x) FROM (SELECT min(next_run) AS x FROM cron_jobs WHERE enabled = 1 AND "
-        "next_run IS NOT NULL AND claim_owner IS NULL UNION ALL SELECT min(claim_until) FROM "
-        "cron_jobs WHERE enabled = 1 AND claim_owner IS NOT NULL)");
+        "claim_owner IS NULL UNION ALL SELECT min(claim_until) FROM cron_jobs WHERE enabled = 1 "
+        "AND claim_owner IS NOT NULL)");
     std::optional<std::int64_t> out;
     if (q.executeStep() && !q.getColumn(0).isNull()) out = q.getColumn(0).getInt64();
     q.reset();
@@ -353,15 +353,19 @@ awaitable<result<std::vector<cron_claim>>> task_store::cron_claim_due(std::int64
       std::int64_t next_run, fence;
     };
     std::vector<due> found;
-    {
-      auto& q = cached_statement(
-          db,
-          "SELECT name, spec, next_run, fence FROM cron_jobs WHERE enabled = 1 AND next_run IS "
-          "NOT NULL AND next_run <= ? AND (claim_owner IS NULL OR claim_until <= ?) ORDER BY "
-          "next_run, name LIMIT ?");
+    // Unclaimed jobs whose next run is due, then claims whose lease expired:
+    // each through its own partial index, so claimed jobs are never walked.
+    for (const char* sql :
+         {"SELECT name, spec, next_run, fence FROM cron_jobs WHERE enabled = 1 AND claim_owner IS "
+          "NULL AND next_run <= ? ORDER BY next_run, name LIMIT ?",
+          "SELECT name, spec, next_run, fence FROM cron_jobs WHERE enabled = 1 AND claim_owner IS "
+          "NOT NULL AND claim_until <= ? AND next_run IS NOT NULL ORDER BY claim_until, name "
+          "LIMIT ?"}) {
+      int room = limit - static_cast<int>(found.size());
+      if (room <= 0) break;
+      auto& q = cached_statement(db, sql);
       q.bind(1, now);
-      q.bind(2, now);
-      q.bind(3, limit);
+      q.bind(2, room);
       while (q.executeStep())
         found.push_back({q.getColumn(0).getString(), q.getColumn(1).getString(),
                          q.getColumn(2).getInt64(), q.getColumn(3).getInt64()});

@@ -19,6 +19,7 @@ namespace tether::protocol {
 inline constexpr std::string_view tool_shell = "shell";        // start_shell, launch_job
 inline constexpr std::string_view tool_spawn = "spawn";        // subagents and forks
 inline constexpr std::string_view tool_delegate = "delegate";  // delegated tasks
+inline constexpr std::string_view tool_cron = "cron";          // scheduling cron jobs
 
 struct session_policy {
   /// The tools its turns may use; nullopt: every tool.

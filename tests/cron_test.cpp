@@ -661,3 +661,61 @@ TEST_CASE(
   x.f.open();
   for (auto n : {"keep", "change", "new", "runtime-job"}) CHECK(x.exists(n));
 }
+
+TEST_CASE(
+    "an agent's tool call schedules a job it owns, whatever owner the call names, and a "
+    "policy without the cron tool refuses it",
+    "[cron]") {
+  cron_fixture x("cron-tool");
+  auto answers = std::make_shared<std::vector<std::string>>();
+  x.f.code("planner")->fn = [answers, side = x.side()](
+                                actors::agent_context& ctx,
+                                actors::drain_input in) -> asio::awaitable<void> {
+    for (auto& m : in.inputs) {
+      if (m.kind != "prompt") continue;
+      cron_job_spec s;
+      s.name = "from-" + m.text;
+      s.agent = "somebody-else";  // the model's claim: ignored
+      s.when = protocol::every_schedule{MIN, T0};
+      s.command = "echo \"$TETHER_CRON_JOB\" >> " + side;
+      auto added = co_await ctx.cron_add(s);
+      answers->push_back(added ? "added " + added->spec.agent : "refused " + added.error().message);
+    }
+  };
+  REQUIRE(x.f.sync(x.f.host->create_session("planner", session_id("planner"), "ops")));
+  REQUIRE(x.f.sync(x.f.host->prompt(session_id("planner"), "turn")));
+  REQUIRE(x.f.sync(x.f.host->wait_idle(session_id("planner"))));
+  REQUIRE(answers->size() == 1);
+  CHECK(answers->at(0) == "added ops");
+  CHECK(x.job("from-turn").spec.agent == "ops");
+  x.at(T0);
+  CHECK(x.effects() == std::vector<std::string>{"from-turn"});
+
+  protocol::session_policy no_cron;
+  no_cron.tools = std::set<std::string>{"shell"};
+  REQUIRE(x.f.sync(x.f.host->create_session("planner", session_id("planner2"), "ops",
+                                            protocol::tenant_id("default"), no_cron)));
+  x.f.code("planner2")->fn = x.f.agents->code["planner"]->fn;
+  REQUIRE(x.f.sync(x.f.host->prompt(session_id("planner2"), "again")));
+  REQUIRE(x.f.sync(x.f.host->wait_idle(session_id("planner2"))));
+  REQUIRE(answers->size() == 2);
+  CHECK(answers->at(1).find("refused") == 0);
+  CHECK(answers->at(1).find("'cron' is not allowed") != std::string::npos);
+  CHECK_FALSE(x.exists("from-again"));
+}
+
+TEST_CASE(
+    "the system wall clock wakes at its wall-clock deadline, and an interrupt ends a sleep "
+    "at once, even one that had not begun",
+    "[cron]") {
+  auto clock = runtime::system_wall_clock();
+  boost::asio::io_context io;
+  auto deadline = clock->now_ms() + 20;
+  auto woke = runtime::run_to_completion(io, clock->sleep_until(io.get_executor(), deadline));
+  CHECK(woke == runtime::wall_clock::wake::due);
+  CHECK(clock->now_ms() >= deadline);
+  clock->interrupt();  // nobody sleeps: the next sleep ends at once
+  woke = runtime::run_to_completion(
+      io, clock->sleep_until(io.get_executor(), clock->now_ms() + 3'600'000));
+  CHECK(woke == runtime::wall_clock::wake::interrupted);
+}

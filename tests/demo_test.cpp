@@ -29,4 +29,10 @@ TEST_CASE(
   CHECK(r.output.find("  ok    recovery checked the artifact against its digest and promoted it, "
                       "once") != std::string::npos);
   CHECK(r.output.find("  ok    the originator's notice was delivered once") != std::string::npos);
+  // Its cron part: the schedule survived the SIGKILL with every occurrence run once.
+  CHECK(
+      r.output.find("  ok    the host died by SIGKILL with the second occurrence's command sent") !=
+      std::string::npos);
+  CHECK(r.output.find("  ok    every occurrence ran exactly once: none lost, none twice") !=
+        std::string::npos);
 }

@@ -101,17 +101,18 @@ int cron_run(const args& a) {
     c.stop_at = until;
   }
   o.cron = c;
-  auto h = actors::host::open(o);
-  if (!h) {
-    std::cerr << "tether cron run: " << h.error().message << "\n";
-    return 3;
-  }
-  // Without a virtual clock: until SIGINT or SIGTERM.
+  // Without a virtual clock: until SIGINT or SIGTERM, taken by sigwait below.
+  // Blocked before the host's threads start, so that they inherit the mask.
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   if (!start) pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  auto h = actors::host::open(o);
+  if (!h) {
+    std::cerr << "tether cron run: " << h.error().message << "\n";
+    return 3;
+  }
   auto boot = sync(**h, (*h)->boot());
   if (!boot) {
     std::cerr << "tether cron run: " << boot.error().message << "\n";
