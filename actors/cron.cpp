@@ -290,13 +290,13 @@ awaitable<result<cron_startup>> cron_scheduler::start() {
   auto held2 = gate_.enter();
   asio::co_spawn(get_executor(), loop(shared_from_this(), std::move(held)), asio::detached);
   asio::co_spawn(get_executor(), renew_loop(shared_from_this(), std::move(held2)), asio::detached);
-  out.caught_up = *caught >> 16;
-  out.skipped = *caught & 0xffff;
+  out.caught_up = caught->caught_up;
+  out.skipped = caught->skipped;
   co_return out;
 }
 
-awaitable<result<int>> cron_scheduler::resolve_overdue(std::int64_t now, const char* why,
-                                                       std::vector<std::string>* warnings) {
+awaitable<result<cron_scheduler::overdue>> cron_scheduler::resolve_overdue(
+    std::int64_t now, const char* why, std::vector<std::string>* warnings) {
   auto read = [this] { return store_.cron_jobs(); };
   auto have = co_await store_.offload(std::move(read));
   if (!have) co_return have.error();
@@ -337,7 +337,7 @@ awaitable<result<int>> cron_scheduler::resolve_overdue(std::int64_t now, const c
     }
     if (!moved) co_return moved.error();
   }
-  co_return (caught << 16) | skipped;
+  co_return overdue{caught, skipped};
 }
 
 awaitable<void> cron_scheduler::shutdown() {

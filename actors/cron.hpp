@@ -203,8 +203,11 @@ class cron_scheduler : public runtime::actor<cron_scheduler, cron_message> {
   awaitable<outcome> attempt_prompt(const persistence::cron_claim& c, const std::string& run_id,
                                     const protocol::session_policy& policy);
   awaitable<void> complete(const persistence::cron_claim& c, persistence::cron_completion done);
-  awaitable<result<int>> resolve_overdue(std::int64_t now, const char* why,
-                                         std::vector<std::string>* warnings);
+  struct overdue {
+    int caught_up = 0, skipped = 0;
+  };
+  awaitable<result<overdue>> resolve_overdue(std::int64_t now, const char* why,
+                                             std::vector<std::string>* warnings);
   bool catch_up_of(const protocol::cron_job_spec& s) const {
     return s.catch_up.value_or(opts_.catch_up);
   }

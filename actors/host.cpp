@@ -68,7 +68,6 @@ cron_prompt_runner default_cron_prompt_runner(host& h) {
     auto read = [&store, sid] { return store.session(sid); };
     auto have = co_await store.offload(std::move(read));
     if (!have) co_return have.error();
-    bool prompted = false;
     std::int64_t after = 0;
     if (!*have) {
       persistence::session_row row;
@@ -83,9 +82,7 @@ cron_prompt_runner default_cron_prompt_runner(host& h) {
       auto p = co_await h.prompt(sid, spec.prompt);
       if (!p) co_return p.error();
       after = *p;
-      prompted = true;
     }
-    (void)prompted;
     try {
       auto idle = co_await h.wait_idle(sid);
       if (!idle) co_return idle.error();

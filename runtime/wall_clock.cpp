@@ -105,37 +105,33 @@ std::int64_t manual_clock::now_ms() {
   return now_;
 }
 
+std::optional<wall_clock::wake> manual_clock::woken(std::int64_t deadline) {
+  if (pending_interrupt_) {
+    pending_interrupt_ = false;
+    return wake::interrupted;
+  }
+  if (pending_jump_) {
+    pending_jump_ = false;
+    return wake::jumped;
+  }
+  if (now_ >= deadline) return wake::due;
+  return std::nullopt;
+}
+
 asio::awaitable<wall_clock::wake> manual_clock::sleep_until(asio::io_context::executor_type ex,
                                                             std::int64_t at_ms) {
   auto timer = std::make_shared<asio::steady_timer>(ex, asio::steady_timer::time_point::max());
   {
     std::lock_guard lk(m_);
-    if (pending_interrupt_) {
-      pending_interrupt_ = false;
-      co_return wake::interrupted;
-    }
-    if (pending_jump_) {
-      pending_jump_ = false;
-      co_return wake::jumped;
-    }
-    if (now_ >= at_ms) co_return wake::due;
+    if (auto w = woken(at_ms)) co_return *w;
     timer_ = timer;
-    deadline_ = at_ms;
   }
   for (;;) {
     co_await timer->async_wait(asio::as_tuple(asio::use_awaitable));
     std::lock_guard lk(m_);
-    if (pending_interrupt_ || pending_jump_ || now_ >= deadline_) {
+    if (auto w = woken(at_ms)) {
       timer_.reset();
-      if (pending_interrupt_) {
-        pending_interrupt_ = false;
-        co_return wake::interrupted;
-      }
-      if (pending_jump_) {
-        pending_jump_ = false;
-        co_return wake::jumped;
-      }
-      co_return wake::due;
+      co_return *w;
     }
     timer->expires_at(asio::steady_timer::time_point::max());
   }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 namespace tether::runtime {
 
@@ -55,10 +56,11 @@ class manual_clock : public wall_clock {
 
  private:
   void poke(wake why);
+  /// Why a sleep to `deadline` ends now, if it does. REQUIRES: m_ held.
+  std::optional<wake> woken(std::int64_t deadline);
   std::mutex m_;
   std::int64_t now_;
   std::shared_ptr<boost::asio::steady_timer> timer_;  // the sleeper's, while one sleeps
-  std::int64_t deadline_ = 0;
   bool pending_interrupt_ = false;
   bool pending_jump_ = false;
 };
