@@ -48,7 +48,7 @@ bench: configure
 FUZZ_SECONDS ?= 60
 FUZZ_CHECK_SECONDS ?= 5
 FUZZ_BUILD ?= build-fuzz
-FUZZ_HARNESSES := sandbox_wire payloads scenario scrub output_tail framing cron
+FUZZ_HARNESSES := sandbox_wire payloads scenario scrub output_tail framing cron sop
 
 fuzz-build:
 	@./scripts/deps.sh fuzz
