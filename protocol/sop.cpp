@@ -8,7 +8,6 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
-#include <stdexcept>
 
 namespace tether::protocol {
 
