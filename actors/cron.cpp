@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "tether/actors/command_run.hpp"
 #include "tether/protocol/output_tail.hpp"
 #include "tether/protocol/scrub.hpp"
 #include "tether/runtime/crash_point.hpp"
@@ -579,146 +580,33 @@ awaitable<void> cron_scheduler::complete(const cron_claim& c, cron_completion do
 
 awaitable<cron_scheduler::outcome> cron_scheduler::attempt_shell(
     const cron_claim& c, const std::string& run_id, const protocol::session_policy& policy) {
-  outcome out;
-  if (!policy.shells || !policy.allows_tool(protocol::tool_shell)) {
-    out.status = "refused";
-    out.error = "the policy of agent " + quote(c.spec.agent) + " does not allow shells";
-    co_return out;
-  }
-  auto cwd = !c.spec.cwd.empty()  ? c.spec.cwd
+  command_spec spec;
+  spec.id = job_id(run_id);
+  spec.command = c.spec.command;
+  spec.cwd = !c.spec.cwd.empty()  ? c.spec.cwd
              : !opts_.cwd.empty() ? opts_.cwd
                                   : std::filesystem::current_path().string();
-  if (!policy.allows_path(cwd)) {
-    out.status = "refused";
-    out.error = "the work directory " + cwd + " is outside the writable paths of agent " +
-                quote(c.spec.agent) + "'s policy";
-    co_return out;
-  }
-  if (!channel_) {
-    out.status = "error";
-    out.error = "no sandbox channel: shell runs cannot be dispatched";
-    co_return out;
-  }
-  auto opened = co_await channel_->open();
-  if (!opened) {
-    out.status = "error";
-    out.error = "the sandbox could not be opened: " + opened.error().message;
-    co_return out;
-  }
-  job_id id(run_id);
-  protocol::sandbox::exec_req er;
-  er.command = c.spec.command;
-  er.cwd = cwd;
-  er.env = sandbox::current_environment();
   // What the command may want to know of its occurrence.
-  er.env.emplace_back("TETHER_CRON_JOB", c.spec.name);
-  er.env.emplace_back("TETHER_CRON_OCCURRENCE", std::to_string(c.occurrence));
-  er.env.emplace_back("TETHER_CRON_RUN", run_id);
-  er.job = id;
-  er.isolate = policy.isolate_shells();
-  er.allow_network = er.isolate && policy.network;
-  er.tail_bytes = static_cast<std::int64_t>(c.spec.max_output_bytes);
-  er.tail_lines = 10000;  // the daemon's most: the bound is in bytes
-  auto started = co_await channel_->dispatch(id, std::move(er));
-  if (!started) {
-    out.status = "error";
-    out.error = "the command was not started: " + started.error().message;
-    co_return out;
-  }
-  TETHER_CRASH_POINT("cron.dispatch.after_exec");
-  // The timeout: a watchdog kills the command (confirmed) once it passes.
-  auto fired = std::make_shared<bool>(false);
-  std::shared_ptr<asio::steady_timer> watchdog;
-  if (c.spec.timeout_ms > 0) {
-    watchdog = std::make_shared<asio::steady_timer>(get_executor());
-    watchdog->expires_after(std::chrono::milliseconds(c.spec.timeout_ms));
-    auto channel = channel_;
-    auto w = [watchdog, fired, channel, id]() -> awaitable<void> {
-      auto [ec] = co_await watchdog->async_wait(asio::as_tuple(asio::use_awaitable));
-      if (ec) co_return;
-      *fired = true;
-      (void)co_await channel->kill(id);
-    };
-    asio::co_spawn(get_executor(), std::move(w), asio::detached);
-  }
-  auto done = co_await channel_->follow(id);
-  // The tail the daemon kept is scrubbed; it is bounded to the job's limit
-  // here, and marked when the daemon omitted some of the output.
-  if (watchdog) watchdog->cancel();
-  if (!done) {
-    out.status = "error";
-    out.error = "its completion could not be read: " + done.error().message;
-    co_return out;
-  }
-  const auto& st = done->status;
-  out.exit = st.exit_code;
-  out.output = protocol::bounded_text(done->tail, c.spec.max_output_bytes);
-  static constexpr std::string_view k_marker = "...[truncated]";
-  if (done->tail_omitted_bytes > 0 && !out.output.ends_with(k_marker)) {
-    auto keep =
-        c.spec.max_output_bytes > k_marker.size() ? c.spec.max_output_bytes - k_marker.size() : 0;
-    out.output = protocol::bounded_text(out.output.substr(0, keep), keep);
-    out.output += k_marker;
-  }
-  if (*fired) {
-    out.status = "timed_out";
-    out.error = "timed out after " + std::to_string(c.spec.timeout_ms) + " ms; killed";
-  } else if (st.exit_code == 0 && st.capture == protocol::capture_kind::per_stage) {
-    out.status = "ok";
-  } else if (st.exit_code == 0 && st.capture == protocol::capture_kind::shell_only) {
-    out.status = "degraded";
-    out.error = "exit 0 from the shell, but no per-stage status was captured";
-  } else {
-    out.status = "error";
-    out.error = protocol::render_status_line(st);
-  }
-  co_return out;
+  spec.env = {{"TETHER_CRON_JOB", c.spec.name},
+              {"TETHER_CRON_OCCURRENCE", std::to_string(c.occurrence)},
+              {"TETHER_CRON_RUN", run_id}};
+  spec.timeout_ms = c.spec.timeout_ms;
+  spec.max_output_bytes = c.spec.max_output_bytes;
+  auto after_exec = [] { TETHER_CRASH_POINT("cron.dispatch.after_exec"); };
+  auto r = co_await run_command(get_executor(), channel_, std::move(spec), policy, c.spec.agent,
+                                after_exec);
+  co_return outcome{std::move(r.status), r.exit, std::move(r.output), std::move(r.error)};
 }
 
 awaitable<cron_scheduler::outcome> cron_scheduler::attempt_prompt(
     const cron_claim& c, const std::string& run_id, const protocol::session_policy& policy) {
-  outcome out;
-  if (!prompts_) {
-    out.status = "refused";
-    out.error = "this host runs no prompt jobs (no prompt runner)";
-    co_return out;
-  }
+  if (!prompts_)
+    co_return outcome{"refused", {}, {}, "this host runs no prompt jobs (no prompt runner)"};
   auto sig = std::make_shared<asio::cancellation_signal>();
-  auto fired = std::make_shared<bool>(false);
-  std::shared_ptr<asio::steady_timer> watchdog;
-  if (c.spec.timeout_ms > 0) {
-    watchdog = std::make_shared<asio::steady_timer>(get_executor());
-    watchdog->expires_after(std::chrono::milliseconds(c.spec.timeout_ms));
-    auto w = [watchdog, fired, sig]() -> awaitable<void> {
-      auto [ec] = co_await watchdog->async_wait(asio::as_tuple(asio::use_awaitable));
-      if (ec) co_return;
-      *fired = true;
-      sig->emit(asio::cancellation_type::terminal);
-    };
-    asio::co_spawn(get_executor(), std::move(w), asio::detached);
-  }
-  result<std::string> answer = error{errc::failed, "the prompt runner did not answer"};
-  try {
-    auto running = prompts_(c.spec, job_id(run_id), policy);
-    answer =
-        co_await asio::co_spawn(get_executor(), std::move(running),
-                                asio::bind_cancellation_slot(sig->slot(), asio::use_awaitable));
-  } catch (const std::exception& e) {
-    answer = error{errc::failed, std::string("the prompt run was interrupted: ") + e.what()};
-  }
-  if (watchdog) watchdog->cancel();
-  protocol::scrubber scrub(protocol::scrub_rules::from_env(sandbox::current_environment()));
-  if (*fired) {
-    out.status = "timed_out";
-    out.error = "timed out after " + std::to_string(c.spec.timeout_ms) + " ms";
-  } else if (!answer) {
-    out.status = "error";
-    out.error = protocol::bounded_text(scrub.scrub(answer.error().message), 2000);
-  } else {
-    out.status = "ok";
-    out.output = protocol::bounded_text(scrub.scrub(*answer), c.spec.max_output_bytes);
-  }
-  co_return out;
+  auto running = prompts_(c.spec, job_id(run_id), policy);
+  auto r = co_await run_prompt(get_executor(), std::move(running), c.spec.timeout_ms,
+                               c.spec.max_output_bytes, std::move(sig));
+  co_return outcome{std::move(r.status), r.exit, std::move(r.output), std::move(r.error)};
 }
 
 }  // namespace tether::actors

@@ -55,46 +55,65 @@ delegate_runner default_delegate_runner(host& h) {
   };
 }
 
+// Prompts `agent` in session `sid` and returns its last answer: a fresh
+// session (created here; one that exists already is a taken-over attempt's,
+// so it is waited for instead of prompted again) or, with `main`, the
+// agent's main session (created if missing, prompted every time).
+awaitable<result<std::string>> prompt_in_session(host& h, std::string agent, std::string prompt,
+                                                 session_id sid, bool main, std::string description,
+                                                 protocol::session_policy policy) {
+  auto& store = h.store();
+  auto read = [&store, sid] { return store.session(sid); };
+  auto have = co_await store.offload(std::move(read));
+  if (!have) co_return have.error();
+  std::int64_t after = 0;
+  if (!*have) {
+    persistence::session_row row;
+    row.id = sid;
+    row.description = std::move(description);
+    row.agent = agent;
+    row.policy = policy;
+    auto s = co_await h.create_session_row(std::move(row));
+    if (!s) co_return s.error();
+  }
+  if (main || !*have) {
+    auto p = co_await h.prompt(sid, prompt);
+    if (!p) co_return p.error();
+    after = *p;
+  }
+  try {
+    auto idle = co_await h.wait_idle(sid);
+    if (!idle) co_return idle.error();
+  } catch (const boost::system::system_error&) {
+    h.interrupt(sid);  // timed out: the session is interrupted too
+    throw;
+  }
+  auto last_read = [&store, sid, after] { return store.last_assistant_after(sid, after); };
+  auto last = co_await store.offload(std::move(last_read));
+  if (!last) co_return last.error();
+  if (!*last) co_return error{errc::failed, "agent '" + agent + "' gave no answer"};
+  co_return (*last)->text;
+}
+
 // A prompt job's occurrence: its agent in a fresh session named after the
-// attempt (a taken-over run finds the session and waits for it instead of
-// prompting again), or in the agent's main session; the last answer is the
-// output.
+// attempt, or in the agent's main session; the last answer is the output.
 cron_prompt_runner default_cron_prompt_runner(host& h) {
   return [&h](protocol::cron_job_spec spec, job_id run,
               protocol::session_policy policy) -> awaitable<result<std::string>> {
-    auto& store = h.store();
-    session_id sid(spec.session == protocol::cron_session::main ? "main-" + spec.agent
-                                                                : "s_" + run.str());
-    auto read = [&store, sid] { return store.session(sid); };
-    auto have = co_await store.offload(std::move(read));
-    if (!have) co_return have.error();
-    std::int64_t after = 0;
-    if (!*have) {
-      persistence::session_row row;
-      row.id = sid;
-      row.description = "cron job " + spec.name;
-      row.agent = spec.agent;
-      row.policy = policy;
-      auto s = co_await h.create_session_row(std::move(row));
-      if (!s) co_return s.error();
-    }
-    if (spec.session == protocol::cron_session::main || !*have) {
-      auto p = co_await h.prompt(sid, spec.prompt);
-      if (!p) co_return p.error();
-      after = *p;
-    }
-    try {
-      auto idle = co_await h.wait_idle(sid);
-      if (!idle) co_return idle.error();
-    } catch (const boost::system::system_error&) {
-      h.interrupt(sid);  // timed out: the session is interrupted too
-      throw;
-    }
-    auto last_read = [&store, sid, after] { return store.last_assistant_after(sid, after); };
-    auto last = co_await store.offload(std::move(last_read));
-    if (!last) co_return last.error();
-    if (!*last) co_return error{errc::failed, "agent '" + spec.agent + "' gave no answer"};
-    co_return (*last)->text;
+    bool main = spec.session == protocol::cron_session::main;
+    session_id sid(main ? "main-" + spec.agent : "s_" + run.str());
+    co_return co_await prompt_in_session(h, spec.agent, spec.prompt, sid, main,
+                                         "cron job " + spec.name, std::move(policy));
+  };
+}
+
+// An SOP's prompt step: its agent in a fresh session named after the attempt.
+sop_prompt_runner default_sop_prompt_runner(host& h) {
+  return [&h](std::string agent, std::string prompt, job_id attempt,
+              protocol::session_policy policy) -> awaitable<result<std::string>> {
+    session_id sid("s_" + attempt.str());
+    co_return co_await prompt_in_session(h, agent, prompt, sid, false, "SOP step " + attempt.str(),
+                                         std::move(policy));
   };
 }
 
@@ -144,6 +163,11 @@ result<std::unique_ptr<host>> host::open(host_options opts) {
         h->pool_->at(0), *h->store_, *opts.cron, h->jobs_->channel_ptr(),
         default_cron_prompt_runner(*hp), opts.default_policy,
         [hp](const std::string& w) { hp->warn(w); });
+  if (opts.sop)
+    h->sop_ = std::make_shared<actors::sop_engine>(
+        h->pool_->at(0), *h->store_, *opts.sop, h->jobs_->channel_ptr(),
+        default_sop_prompt_runner(*hp), opts.default_policy,
+        [hp](const std::string& w) { hp->warn(w); });
   return h;
 }
 
@@ -161,6 +185,7 @@ host::~host() {
   // host (activity counters), so the executors go while every member lives.
   // The queue's connections before the executors they were opened on, and
   // the delegates' timer before its executor.
+  sop_.reset();
   cron_.reset();
   jobs_.reset();
   delegates_.reset();
@@ -827,6 +852,13 @@ awaitable<result<boot_report>> host::boot() {
     std::lock_guard lk(*rep_m);
     rep.cron = std::move(*started);
   }
+  // SOP runs after it: a run's prompt steps may prompt sessions too.
+  if (sop_) {
+    auto started = co_await sop_->start();
+    if (!started) co_return started.error();
+    std::lock_guard lk(*rep_m);
+    rep.sop = std::move(*started);
+  }
   std::lock_guard lk(*rep_m);
   if (expired)
     rep.expired = *expired;
@@ -887,7 +919,16 @@ void host::shutdown() {
       warn(std::string("shutdown: retention sweep: ") + e.what());
     }
   }
-  // The scheduler first: no new claim, and its runs in flight end while the
+  // The SOP engine first: no new claim, and its steps in flight end while the
+  // sessions and the sandbox channel still answer them.
+  if (sop_) {
+    try {
+      runtime::sync_wait(pool_->at(0), sop_->shutdown());
+    } catch (const std::exception& e) {
+      warn(std::string("shutdown: SOP engine: ") + e.what());
+    }
+  }
+  // The scheduler next: no new claim, and its runs in flight end while the
   // sessions and the sandbox channel still answer them.
   if (cron_) {
     try {

@@ -34,6 +34,7 @@
 #include "tether/actors/directory.hpp"
 #include "tether/actors/job_queue.hpp"
 #include "tether/actors/session.hpp"
+#include "tether/actors/sop.hpp"
 #include "tether/persistence/task_store.hpp"
 #include "tether/persistence/writer.hpp"
 #include "tether/protocol/scrub.hpp"
@@ -114,6 +115,11 @@ struct host_options {
   /// of its agent (`isolated`, named after the attempt) or in the agent's
   /// main session (`main-<agent>`, created if missing).
   std::optional<cron_options> cron;
+  /// SOP runs (docs/sop.md): set, the host runs an SOP engine, started after
+  /// the cron scheduler and stopped first at shutdown. Shell steps go through
+  /// the job queue's sandbox channel; a prompt step runs in a fresh session
+  /// of the SOP's agent named after the attempt.
+  std::optional<sop_options> sop;
   /// Where warnings go (boot: id conflicts, cleared rows). Default: stderr.
   std::function<void(const std::string&)> log;
 };
@@ -128,6 +134,7 @@ struct boot_report {
   int resumed_children = 0;      // phase 3
   int expired = 0;               // finished tasks past options().task_retention, deleted
   std::optional<cron_startup> cron;  // the scheduler's start (host_options::cron)
+  std::optional<sop_startup> sop;    // the SOP engine's start (host_options::sop)
   recovery_report jobs;  // owned jobs: reattached, settled while down, lost, receipts resent
   std::vector<std::string> warnings;
 };
@@ -217,6 +224,8 @@ class host {
   actors::delegates& delegation() { return *delegates_; }
   /// The cron scheduler, or nullptr when host_options::cron is not set.
   actors::cron_scheduler* cron() { return cron_.get(); }
+  /// The SOP engine, or nullptr when host_options::sop is not set.
+  actors::sop_engine* sop() { return sop_.get(); }
   /// The scope of `s`'s current (or last) turn, as the runtime supplies it to
   /// a job launched on its behalf.
   result<owner_scope> scope_of(const session_id& s);
@@ -296,6 +305,7 @@ class host {
   std::unique_ptr<job_queue> jobs_;
   std::shared_ptr<actors::delegates> delegates_;
   std::shared_ptr<actors::cron_scheduler> cron_;
+  std::shared_ptr<actors::sop_engine> sop_;
   runtime::action_budgets budgets_;
   const protocol::scrubber scrub_;  // texts the host itself writes for a model
 

@@ -101,7 +101,8 @@ const row_check k_row_checks[] = {
      "CASE WHEN json_valid(payload) THEN json_type(payload, '$.text') IS NOT 'text' ELSE 1 END",
      "not a JSON object with a text"},
     {"tasks", "id", "kind",
-     "kind NOT IN ('subagent','local_shell','shell','delegate','goal','cron_run')",
+     "kind NOT IN ('subagent','local_shell','shell','delegate','goal','cron_run','sop_run',"
+     "'sop_step')",
      "unknown value"},
     {"tasks", "id", "state",
      "state NOT IN ('admitted','running','completed','failed','cancelled','lost','timed_out')",
@@ -161,6 +162,15 @@ const row_check k_row_checks[] = {
      "kind = 'cron_run' AND CASE WHEN json_valid(payload) THEN json_type(payload, '$.job') IS NOT "
      "'text' OR json_type(payload, '$.occurrence') IS NOT 'integer' ELSE 1 END",
      "not a JSON object with a job and an occurrence"},
+    {"tasks", "id", "payload",
+     "kind = 'sop_run' AND CASE WHEN json_valid(payload) THEN json_type(payload, '$.sop') IS NOT "
+     "'text' OR json_type(payload, '$.definition') IS NOT 'object' OR json_extract(payload, "
+     "'$.phase') NOT IN ('pending','running','waiting_approval','paused_checkpoint') OR "
+     "json_type(payload, '$.step') IS NOT 'integer' ELSE 1 END",
+     "not a JSON object with a sop, a definition, a phase and a step"},
+    {"tasks", "id", "parent_id", "kind = 'sop_step' AND parent_id IS NULL",
+     "missing on an SOP step (its run)"},
+    {"tasks", "id", "revision", TETHER_NOT_UINT("revision"), "not a non-negative integer"},
     {"cron_jobs", "name", "spec", "NOT json_valid(spec)", "not JSON"},
     {"cron_jobs", "name", "source", "source NOT IN ('config','runtime')", "unknown value"},
     {"cron_jobs", "name", "enabled", TETHER_NOT_BOOL("enabled"), "not 0 or 1"},

@@ -346,6 +346,37 @@ CREATE INDEX IF NOT EXISTS cron_jobs_due ON cron_jobs(next_run)
 CREATE INDEX IF NOT EXISTS cron_jobs_leases ON cron_jobs(claim_until)
   WHERE enabled = 1 AND claim_owner IS NOT NULL;
 )sql",
+      // 11: SOP runs (docs/sop.md). A run is a task of kind `sop_run`
+      // (thread `sop:<sop>`), its progression (the definition it was started
+      // with, the step, visits, the wait) in its payload, its execution
+      // claim in owner/lease_until; each step that does work is a child task
+      // of kind `sop_step`. Every save of a task that carries a revision is a
+      // compare-and-set on it. A run's events are its history in the run
+      // store; the audit log (who approved what, when) is a separate
+      // surface, never read to decide a run's state.
+      R"sql(
+ALTER TABLE tasks ADD COLUMN revision INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS task_events (
+  task_id   TEXT NOT NULL,
+  seq       INTEGER NOT NULL,
+  at        INTEGER NOT NULL,
+  revision  INTEGER NOT NULL,
+  kind      TEXT NOT NULL,
+  actor     TEXT NOT NULL,
+  detail    TEXT NOT NULL,
+  PRIMARY KEY (task_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS audit_log (
+  id       INTEGER PRIMARY KEY,
+  at       INTEGER NOT NULL,
+  actor    TEXT NOT NULL,
+  action   TEXT NOT NULL,
+  subject  TEXT NOT NULL,
+  detail   TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tasks_sop_live ON tasks(thread, created_at)
+  WHERE kind = 'sop_run' AND state IN ('admitted','running');
+)sql",
   };
   return steps;
 }

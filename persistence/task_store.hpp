@@ -315,6 +315,62 @@ struct cron_completion {
 /// second claim of the same occurrence finds the first's task.
 job_id cron_run_id(const std::string& job, std::int64_t occurrence);
 
+// ---- SOP runs (docs/sop.md) ----
+
+/// An SOP run (a task of kind `sop_run`, thread `sop:<sop>`) as the run store
+/// holds it. Its progression is its payload (`progress`): the definition it
+/// was started with, its phase, step, visits, attempt, input and wait.
+struct sop_run_row {
+  job_id id;
+  std::string sop;
+  std::string state;  // the task state: admitted, running, completed, failed, cancelled
+  std::string phase;  // pending, running, waiting_approval, paused_checkpoint
+  std::int64_t revision = 0;
+  std::string owner;  // the execution claim's holder; "" = no claim
+  std::int64_t lease_until = 0;
+  owner_scope scope;             // who started it
+  boost::json::object progress;  // the payload
+  std::int64_t created_at = 0, updated_at = 0;
+  /// The run's state as every surface names it: its phase while it is not
+  /// terminal, its terminal state after.
+  std::string status() const;
+};
+
+/// One event of a task (`task_events`), in the order they were written.
+struct task_event {
+  job_id task;
+  std::int64_t seq = 0, at = 0, revision = 0;
+  std::string kind, actor, detail;
+};
+
+/// One entry of the audit log: who did what to which subject, when. An
+/// observability surface only: never read to decide a run's state.
+struct audit_entry {
+  std::int64_t id = 0, at = 0;
+  std::string actor, action, subject, detail;
+};
+
+/// One save of a run: a compare-and-set on its revision (and, when `owner`
+/// is set, on its claim), writing revision + 1, the new progress, an event
+/// and, in the same transaction, what else the step did: an audit entry, a
+/// step's child task admitted or made terminal, the claim released, or the
+/// run's own terminal transition (the compare-and-set every kind shares).
+struct sop_save {
+  job_id run;
+  std::int64_t revision = 0;  // the revision the caller read
+  std::string owner;          // non-empty: the run must be claimed by this owner
+  boost::json::object progress;
+  bool release_claim = false;
+  std::optional<std::string> terminal;  // completed | failed | cancelled
+  std::string event, actor, detail;     // the event written (kind, who, what)
+  std::optional<std::string> audit;     // an audit action (by actor, on the run, with detail)
+  std::optional<job_id> step_admit;     // a child task of kind sop_step, running
+  std::string step_preview;             // its scrubbed, bounded preview
+  std::optional<job_id> step_finish;    // a child task's terminal transition
+  std::string step_state;               // its terminal state word
+  std::string step_completion;          // its completion (JSON text)
+};
+
 /// The reads of the store, through read-only connections that never wait on
 /// the writer. On its own it serves tools like `tether inspect`, and never
 /// creates, migrates or writes the file; check_readable() it first.
@@ -384,6 +440,20 @@ class task_reader {
   /// The earliest time the scheduler has something to do: an enabled,
   /// unclaimed job's next run, or a claim's lease expiry. nullopt: nothing.
   result<std::optional<std::int64_t>> cron_next_wake();
+
+  // SOP runs.
+
+  /// Every SOP run, oldest first (`live_only`: the ones not terminal).
+  result<std::vector<sop_run_row>> sop_runs(bool live_only = false);
+  result<std::optional<sop_run_row>> sop_run(const job_id& id);
+  /// A task's events, oldest first.
+  result<std::vector<task_event>> task_events(const job_id& id);
+  /// The audit log's entries about `subject` ("" = every entry), oldest first.
+  result<std::vector<audit_entry>> audit_log(const std::string& subject = "");
+  /// The earliest time an SOP engine claiming as `owner` has something to do
+  /// that no change announces: an approval wait's deadline, or the lease
+  /// expiry of another claimant's run. nullopt: nothing.
+  result<std::optional<std::int64_t>> sop_next_wake(const std::string& owner);
 
   /// Runs `fn` (which calls the reads above) on the read threads and resumes
   /// the caller on its executor: how an actor reads (reader_pool::offload).
@@ -583,6 +653,27 @@ class task_store : public task_reader {
   /// Clears the claims of `owners` (provably gone processes); how many.
   /// Their run tasks stay, to be taken over by the next claim.
   awaitable<result<int>> cron_clear_claims(std::vector<std::string> owners);
+
+  // --- SOP runs (docs/sop.md) ---
+  /// Admits a run (phase pending, revision 1) with its `admitted` event and
+  /// an audit entry; an existing id is refused (errc::conflict).
+  awaitable<result<void>> sop_admit(sop_run_row run, std::string actor, std::string detail);
+  /// The claim compare-and-set, oldest run first, for up to `limit` runs
+  /// that may run (phase pending or running, unclaimed or with a lapsed
+  /// lease), each only while fewer than its definition's max_concurrent runs
+  /// of its SOP hold a live claim: the run records `owner`, the lease and
+  /// revision + 1, with a `claimed` event. One transaction.
+  awaitable<result<std::vector<sop_run_row>>> sop_claim(std::string owner, std::int64_t now,
+                                                        std::int64_t lease_until, int limit);
+  /// A save (sop_save). Returns the new revision; errc::conflict (nothing
+  /// written) if the run is not at `revision`, is claimed by another owner,
+  /// or is already terminal: the message says which.
+  awaitable<result<std::int64_t>> sop_save_run(sop_save s);
+  /// Moves the leases of `owner`'s claims on; returns the runs whose claim was lost.
+  awaitable<result<std::vector<job_id>>> sop_renew(std::string owner, std::int64_t lease_until,
+                                                   std::vector<job_id> runs);
+  /// Clears the claims of `owners` (provably gone processes); how many.
+  awaitable<result<int>> sop_clear_claims(std::vector<std::string> owners);
 
   /// Records the sandbox generation this host is bound to.
   awaitable<result<void>> bind_sandbox(protocol::sandbox_id sandbox, std::uint64_t generation);

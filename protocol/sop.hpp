@@ -42,9 +42,9 @@ struct sop_step {
   /// On failure (approval: on rejection): a step name, "end" or "fail";
   /// "" = "fail".
   std::string on_failure;
-  int retries = 2;        // shell, prompt: attempts after the first, 0..100
-  int max_visits = 256;   // how often a run may enter this step, 1..100000
-  std::int64_t timeout_ms = 120000;  // shell, prompt: per attempt; 0 = none
+  int retries = 2;                       // shell, prompt: attempts after the first, 0..100
+  int max_visits = 256;                  // how often a run may enter this step, 1..100000
+  std::int64_t timeout_ms = 120000;      // shell, prompt: per attempt; 0 = none
   std::size_t max_output_bytes = 16384;  // shell, prompt: the recorded output
   /// Shell, prompt: safe to run again when the process running it died
   /// mid-step. A step that is not is resolved through its task instead (a
@@ -63,9 +63,9 @@ struct sop_definition {
   std::string description;
   /// The owning agent: shell steps take its policy, prompt steps run as it.
   std::string agent;
-  int max_concurrent = 4;                // runs holding an execution claim at once, 1..10000
-  std::size_t max_payload_bytes = 8192;  // a run's input payload, 0..1 MiB
-  std::vector<std::string> approvers;    // who may approve; empty: nobody may
+  int max_concurrent = 4;                     // runs holding an execution claim at once, 1..10000
+  std::size_t max_payload_bytes = 8192;       // a run's input payload, 0..1 MiB
+  std::vector<std::string> approvers;         // who may approve; empty: nobody may
   std::int64_t approval_timeout_ms = 300000;  // 0 disables
   sop_timeout_action on_timeout = sop_timeout_action::escalate;
   std::vector<sop_step> steps;  // at least one

@@ -35,4 +35,11 @@ TEST_CASE(
       std::string::npos);
   CHECK(r.output.find("  ok    every occurrence ran exactly once: none lost, none twice") !=
         std::string::npos);
+  // Its SOP part: the run waited through a SIGKILL and a restart, then shipped once.
+  CHECK(r.output.find("  ok    the host died by SIGKILL with the run waiting for approval") !=
+        std::string::npos);
+  CHECK(r.output.find("  ok    after the restart the run is still waiting for approval") !=
+        std::string::npos);
+  CHECK(r.output.find("  ok    each step ran exactly once: built once, shipped once") !=
+        std::string::npos);
 }

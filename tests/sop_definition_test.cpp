@@ -235,8 +235,9 @@ TEST_CASE("each step kind needs its own fields and refuses the others'", "[sop_d
   CHECK(e->describe() == "steps[0] (a).command: is 65537 bytes, more than 65536");
 }
 
-TEST_CASE("a transition naming a missing step is refused; end, fail and step names are accepted",
-          "[sop_def]") {
+TEST_CASE(
+    "a transition naming a missing step is refused, and end, fail and step names are accepted",
+    "[sop_def]") {
   CHECK(error_of(R"({"name": "s", "steps": [{"name": "build", "command": "true"},
                      {"name": "deploy", "command": "true", "next": "verify"}]})") ==
         R"(steps[1] (deploy).next: 'verify' is not a step of this SOP, "end" or "fail")");
@@ -268,8 +269,9 @@ TEST_CASE("step names are unique, well formed and never end or fail", "[sop_def]
   CHECK(error_of(R"({"name": "s", "steps": [3]})") == "steps[0]: expected an object, got int64");
 }
 
-TEST_CASE("numbers out of bounds are refused naming the field; the bounds themselves are accepted",
-          "[sop_def]") {
+TEST_CASE(
+    "numbers out of bounds are refused naming the field, and the bounds themselves are accepted",
+    "[sop_def]") {
   struct edge {
     std::string step, top, error;  // error "" = accepted
   };

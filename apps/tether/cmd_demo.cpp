@@ -492,6 +492,57 @@ void cron_part(const fs::path& root, int& failures) {
     std::cout << "  stopping the local sandbox daemon: " << r.error().message << "\n";
 }
 
+void sop_part(const fs::path& root, int& failures) {
+  const char* at = "sop.park.after_commit:1";
+  fs::path dir = root / "sop";
+  fs::create_directories(dir / "sops");
+  std::ofstream(dir / "sops" / "deploy.json") << R"({"name": "deploy", "agent": "ops",
+  "approvers": ["alice"], "steps": [
+    {"name": "build", "kind": "shell", "command": "echo built >> side.txt"},
+    {"name": "approve", "kind": "approval"},
+    {"name": "ship", "kind": "shell", "command": "echo shipped >> side.txt"}]})";
+  auto db = (dir / "tether.db").string();
+  auto sops = (dir / "sops").string();
+  std::cout << "\nAn SOP run: \"deploy\" builds, waits for alice's approval, then ships. The\n"
+               "host is SIGKILLed once the run parked at the approval (TETHER_CRASH_AT="
+            << at
+            << "); a restarted host finds it still waiting, holding no claim; then\n"
+               "alice's approval arrives and the run ships once.\n";
+  std::string said;
+  int st = run_self({"sop", "run", "--db", db, "--dir", sops, "--start-once", "deploy"}, at, &said);
+  print_lines(said, "  host: ");
+  expect(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL,
+         "the host died by SIGKILL with the run waiting for approval", failures);
+  said.clear();
+  st = run_self({"sop", "run", "--db", db, "--dir", sops}, nullptr, &said);
+  print_lines(said, "  restart: ");
+  std::string id;
+  {
+    std::istringstream in(said);
+    for (std::string l; std::getline(in, l);)
+      if (l.find("\twaiting_approval\t") != std::string::npos) id = l.substr(0, l.find('\t'));
+  }
+  expect(WIFEXITED(st) && WEXITSTATUS(st) == 0 && !id.empty(),
+         "after the restart the run is still waiting for approval", failures);
+  said.clear();
+  st = run_self({"sop", "run", "--db", db, "--dir", sops, "--approve", id, "--as", "alice"},
+                nullptr, &said);
+  print_lines(said, "  approved by alice: ");
+  expect(WIFEXITED(st) && WEXITSTATUS(st) == 0 && said.find("\tcompleted\t") != std::string::npos,
+         "the approved run completed", failures);
+  std::vector<std::string> got;
+  {
+    std::ifstream in(dir / "side.txt");
+    for (std::string l; std::getline(in, l);) got.push_back(l);
+  }
+  std::cout << "  side.txt:\n";
+  for (auto& l : got) std::cout << "    " << l << "\n";
+  expect(got == std::vector<std::string>{"built", "shipped"},
+         "each step ran exactly once: built once, shipped once", failures);
+  if (auto r = sandbox::stop_daemon_in(sandbox::local_state_dir_for(db)); !r)
+    std::cout << "  stopping the local sandbox daemon: " << r.error().message << "\n";
+}
+
 int demo(const args& a) {
   if (a.size() == 2 && a[0] == "--story") return story_child(a[1]);
   if (a.size() == 2 && a[0] == "--resume") return resume_child(a[1]);
@@ -584,6 +635,7 @@ int demo(const args& a) {
   jobs_part(root, failures);
   delegate_part(root, failures);
   cron_part(root, failures);
+  sop_part(root, failures);
   // Parts 1 and 2 configured no sandbox: each host ran its shell in a local
   // daemon beside its database, detached; the demo's directory goes, so do they.
   for (auto& dir : {live, crashed})
@@ -597,9 +649,10 @@ int demo(const args& a) {
     std::cout << "\ntether demo: " << failures << " check(s) failed\n";
     return 1;
   }
-  std::cout << "\nOK: every busy period reported once, every job receipt and the delegated task's "
-               "notice\ndelivered once, every scheduled occurrence run once, before and after a "
-               "SIGKILL.\n";
+  std::cout
+      << "\nOK: every busy period reported once, every job receipt and the delegated task's "
+         "notice\ndelivered once, every scheduled occurrence run once, every SOP step run once, "
+         "before\nand after a SIGKILL.\n";
   return 0;
 }
 

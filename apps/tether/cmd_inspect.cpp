@@ -10,6 +10,7 @@
 
 #include "command.hpp"
 #include "inspect_lifecycle.hpp"
+#include "tether/actors/sop.hpp"
 #include "tether/persistence/task_store.hpp"
 #include "tether/protocol/json.hpp"
 
@@ -32,13 +33,14 @@ struct snapshot {
   std::vector<persistence::history_task> history;  // kinds no longer run (local_shell)
   std::vector<persistence::receipt> receipts;
   std::vector<persistence::cron_job_row> cron;  // scheduled jobs (docs/cron.md)
+  std::vector<persistence::sop_run_row> sop;    // SOP runs (docs/sop.md)
 };
 
 result<snapshot> read_snapshot(const std::string& path) {
   auto version = persistence::check_readable(path);
   if (!version) return version.error();
   persistence::task_reader reader(path);
-  snapshot s{path, *version, {}, {}, {}, {}, {}, {}, {}};
+  snapshot s{path, *version, {}, {}, {}, {}, {}, {}, {}, {}};
   auto sessions = reader.sessions();
   if (!sessions) return sessions.error();
   s.sessions = std::move(*sessions);
@@ -63,6 +65,11 @@ result<snapshot> read_snapshot(const std::string& path) {
     auto cron = reader.cron_jobs();
     if (!cron) return cron.error();
     s.cron = std::move(*cron);
+  }
+  if (s.schema_version >= 11) {  // schema step 11: revisions and events
+    auto sop = reader.sop_runs(false);
+    if (!sop) return sop.error();
+    s.sop = std::move(*sop);
   }
   return s;
 }
@@ -186,6 +193,21 @@ json::object to_json(const snapshot& s) {
     cron.push_back(std::move(o));
   }
   out["cron_jobs"] = std::move(cron);
+  json::array sop;
+  for (auto& r : s.sop) {
+    auto v = actors::sop_engine::view_of(r, true);
+    json::object o;
+    o["id"] = r.id.str();
+    o["sop"] = r.sop;
+    o["state"] = v.state;  // pending, running, waiting_approval, paused_checkpoint or terminal
+    o["step"] = v.step;
+    o["revision"] = r.revision;
+    o["claim_owner"] = r.owner;
+    o["claim_until"] = r.lease_until;
+    o["error"] = v.error;
+    sop.push_back(std::move(o));
+  }
+  out["sop_runs"] = std::move(sop);
   return out;
 }
 
@@ -287,6 +309,22 @@ void print_tasks(std::ostream& out, const snapshot& s) {
   table(out, rows);
 }
 
+void print_sop(std::ostream& out, const snapshot& s) {
+  if (s.sop.empty()) return;
+  // SOP runs, in their own state words (the task table says running for a
+  // parked run; this says what it waits for).
+  out << "\nSOP runs (" << s.sop.size() << ")\n";
+  std::vector<std::vector<std::string>> rows{
+      {"id", "sop", "state", "step", "revision", "claim", "lease"}};
+  for (auto& r : s.sop) {
+    auto v = actors::sop_engine::view_of(r, true);
+    rows.push_back({r.id.str(), r.sop, v.state, v.step.empty() ? "-" : v.step,
+                    std::to_string(r.revision), r.owner.empty() ? "-" : r.owner,
+                    r.owner.empty() ? "-" : protocol::format_utc(r.lease_until)});
+  }
+  table(out, rows);
+}
+
 constexpr const char* k_usage = "usage: tether inspect DB [--json] [--task ID | --lifecycle]\n";
 
 int inspect(const args& a) {
@@ -324,6 +362,7 @@ int inspect(const args& a) {
   else {
     print_text(std::cout, *s);
     print_tasks(std::cout, *s);
+    print_sop(std::cout, *s);
   }
   return 0;
 }
