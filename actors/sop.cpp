@@ -391,6 +391,7 @@ awaitable<result<job_id>> sop_engine::start_run(std::string sop, std::string inp
                 std::to_string(input.size()) + " bytes of input)";
   auto r = co_await store_->sop_admit(std::move(row), started_by, std::move(detail));
   if (!r) co_return r.error();
+  TETHER_CRASH_POINT("sop.admit.after_commit");
   poke();
   co_return id;
 }

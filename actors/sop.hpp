@@ -6,7 +6,7 @@
 //
 // The life of a run, each step durable before the next:
 //   1. admitted (phase pending), with its definition snapshotted, an
-//      `admitted` event and an audit entry;
+//      `admitted` event and an audit entry        [sop.admit.after_commit];
 //   2. claimed: the execution claim (owner, lease), only while fewer than
 //      the SOP's max_concurrent runs hold one        [sop.claim.after_commit];
 //   3. per working step (shell, prompt): the step's task admitted with the

@@ -96,15 +96,6 @@ result<cron_run_row> decode_run(SQLite::Statement& q) {
   return r;
 }
 
-protocol::transition transition_of_word(std::string_view state) {
-  using protocol::transition;
-  if (state == "completed") return transition::completed;
-  if (state == "cancelled") return transition::cancelled;
-  if (state == "lost") return transition::lost;
-  if (state == "timed_out") return transition::timed_out;
-  return transition::failed;
-}
-
 /// Deletes a job's terminal runs beyond the newest `keep`, with their receipts.
 void prune_runs(SQLite::Database& db, const std::string& job, std::size_t keep) {
   static constexpr const char* k_old =

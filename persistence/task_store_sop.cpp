@@ -90,15 +90,6 @@ void write_audit(SQLite::Database& db, const std::string& actor, const std::stri
   st.exec();
 }
 
-protocol::transition transition_of_word(std::string_view state) {
-  using protocol::transition;
-  if (state == "completed") return transition::completed;
-  if (state == "cancelled") return transition::cancelled;
-  if (state == "lost") return transition::lost;
-  if (state == "timed_out") return transition::timed_out;
-  return transition::failed;
-}
-
 /// Admits a step's child task (running), bound to its run's scope.
 void admit_step(SQLite::Database& db, const job_id& run, const job_id& step,
                 const std::string& preview) {

@@ -64,6 +64,15 @@ std::int64_t insert_receipt_row(SQLite::Database& db, const protocol::job_id& ta
   return now;
 }
 
+protocol::transition transition_of_word(std::string_view state) {
+  using protocol::transition;
+  if (state == "completed") return transition::completed;
+  if (state == "cancelled") return transition::cancelled;
+  if (state == "lost") return transition::lost;
+  if (state == "timed_out") return transition::timed_out;
+  return transition::failed;
+}
+
 std::optional<terminal_written> terminal_transition(SQLite::Database& db, const terminal_write& w) {
   auto& up = w.owner ? cached_statement(db,
                                         "UPDATE tasks SET state = ?, body = coalesce(?, body), "

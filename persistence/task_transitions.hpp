@@ -79,6 +79,9 @@ struct terminal_written {
   std::int64_t created_at = 0;
 };
 
+/// The transition a terminal state word is reached by (an unknown word: failed).
+protocol::transition transition_of_word(std::string_view state);
+
 /// The one terminal compare-and-set of every kind of task: admitted|running
 /// → the terminal state, and the task's terminal receipt `<task>/<transition>`
 /// (the only outbox), in the caller's transaction. nullopt, with nothing

@@ -1,7 +1,8 @@
 // The SOP crash matrix: `tether sop run --start-once pipeline --drive-as
 // alice` runs an SOP whose shell steps append to a side-effect file, with an
 // approval gate and a checkpoint the driver passes, in a child process that is
-// SIGKILLed at every hit of every `sop.` crash point: after a claim, after a
+// SIGKILLed at every hit of every `sop.` crash point: after a run was
+// admitted (a restart's --start-once finds it and starts no second), after a claim, after a
 // step's task was admitted, after a retry's attempt was recorded, after a
 // command was sent to the sandbox daemon, after a step ended, after the run
 // parked. A restart on the same database (the killed claimant is provably
@@ -56,7 +57,7 @@ TEST_CASE(
      "next": "end"},
     {"name": "b_lost", "kind": "shell", "command": "echo b-lost >> side.txt", "next": "fail"}]})";
   auto points = test::crash_points([](const std::string& p) { return p.rfind("sop.", 0) == 0; });
-  REQUIRE(points.size() == 6);
+  REQUIRE(points.size() == 7);
   auto run = [&](const std::string& dir) {
     std::filesystem::create_directories(dir);
     return std::vector<std::string>{test::k_tether_cli, "sop",        "run",  "--db",

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "answering_agent.hpp"
 #include "tether/actors/host.hpp"
 #include "tether/runtime/sync_wait.hpp"
 
@@ -26,19 +27,6 @@ namespace tether::cli {
 namespace fs = std::filesystem;
 
 namespace {
-
-struct answering_agent : actors::agent {
-  boost::asio::awaitable<void> drain(actors::agent_context& ctx, actors::drain_input in) override {
-    for (auto& m : in.inputs)
-      if (m.kind == "prompt") (void)co_await ctx.say("done: " + m.text);
-  }
-};
-
-struct answering_factory : actors::agent_factory {
-  std::shared_ptr<actors::agent> make(const persistence::session_row&) override {
-    return std::make_shared<answering_agent>();
-  }
-};
 
 int usage(const std::string& problem) {
   std::cerr << "tether cron run: " << problem

@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "answering_agent.hpp"
 #include "command.hpp"
 #include "tether/actors/host.hpp"
 #include "tether/protocol/sop.hpp"
@@ -42,19 +43,6 @@ int usage_error(const std::string& problem) {
   std::cerr << "tether sop: " << problem << "\n" << k_usage;
   return 2;
 }
-
-struct answering_agent : actors::agent {
-  boost::asio::awaitable<void> drain(actors::agent_context& ctx, actors::drain_input in) override {
-    for (auto& m : in.inputs)
-      if (m.kind == "prompt") (void)co_await ctx.say("done: " + m.text);
-  }
-};
-
-struct answering_factory : actors::agent_factory {
-  std::shared_ptr<actors::agent> make(const persistence::session_row&) override {
-    return std::make_shared<answering_agent>();
-  }
-};
 
 template <class T>
 T sync(actors::host& h, boost::asio::awaitable<T> a) {
