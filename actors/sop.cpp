@@ -644,20 +644,13 @@ awaitable<void> sop_engine::renew_loop(std::shared_ptr<sop_engine> self,
 
 awaitable<void> sop_engine::expire_waits(std::int64_t now) {
   auto* st = store_;
-  auto read = [st] { return st->sop_runs(true); };
+  auto read = [st, now] { return st->sop_due_waits(now); };
   auto rows = co_await store_->offload(std::move(read));
   if (!rows) {
     warn_("sop: reading approval waits failed: " + rows.error().message);
     co_return;
   }
   for (auto& r : *rows) {
-    if (r.phase != "waiting_approval") continue;
-    auto* w = r.progress.if_contains("wait");
-    if (!w || !w->is_object()) continue;
-    const auto& wait = w->as_object();
-    auto deadline = geti(wait, "deadline");
-    if (deadline <= 0 || deadline > now) continue;
-    if (auto* f = wait.if_contains("fired"); f && f->is_bool() && f->as_bool()) continue;
     auto def = definition_of(r);
     if (!def) {
       warn_(def.error().message);

@@ -113,11 +113,7 @@ double ms_since(clock::time_point t0) {
   return bench::seconds_since(t0) * 1000.0;
 }
 
-double cpu_seconds() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
+using bench::cpu_seconds;
 
 struct phase {
   std::size_t claims = 0;

@@ -110,29 +110,9 @@ std::string g_dir;
   std::_Exit(1);
 }
 
-double cpu_seconds() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
+using bench::cpu_seconds;
 
-// utime + stime of another process (the daemon), in seconds; NAN if unreadable.
-double cpu_seconds_of(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string s;
-  if (!pid || !std::getline(f, s)) return NAN;
-  auto rp = s.rfind(')');
-  if (rp == std::string::npos) return NAN;
-  std::istringstream in(s.substr(rp + 2));
-  std::string field;
-  unsigned long long utime = 0, stime = 0;
-  // Fields after the command name start at 3 (state); utime is 14, stime 15.
-  for (int i = 3; i <= 15 && in >> field; ++i) {
-    if (i == 14) utime = std::stoull(field);
-    if (i == 15) stime = std::stoull(field);
-  }
-  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
+using bench::cpu_seconds_of;
 
 double ms_between(clock::time_point a, clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();

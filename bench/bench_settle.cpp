@@ -84,11 +84,7 @@ constexpr std::size_t k_threads = 2;
   std::exit(1);
 }
 
-double cpu_seconds() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
+using bench::cpu_seconds;
 
 clock::time_point after(double seconds) {
   return clock::now() +

@@ -1,12 +1,17 @@
 #pragma once
 // Shared by the bench drivers: one JSON figure per line, timing, percentiles,
-// and sizing a run so that it takes about as long as we want.
+// sizing a run so that it takes about as long as we want, and CPU time.
+#include <sys/types.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,6 +79,31 @@ inline long long rss_bytes() {
   while (std::getline(f, line))
     if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
   return -1;
+}
+
+/// CPU seconds of this process (every thread), from CLOCK_PROCESS_CPUTIME_ID.
+inline double cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+/// utime + stime of another process (a daemon), in seconds; NAN if unreadable.
+inline double cpu_seconds_of(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string s;
+  if (!pid || !std::getline(f, s)) return NAN;
+  auto rp = s.rfind(')');
+  if (rp == std::string::npos) return NAN;
+  std::istringstream in(s.substr(rp + 2));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  // Fields after the command name start at 3 (state); utime is 14, stime 15.
+  for (int i = 3; i <= 15 && in >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
 }  // namespace tether::bench

@@ -377,6 +377,24 @@ CREATE TABLE IF NOT EXISTS audit_log (
 CREATE INDEX IF NOT EXISTS tasks_sop_live ON tasks(thread, created_at)
   WHERE kind = 'sop_run' AND state IN ('admitted','running');
 )sql",
+      // 12: the SOP engine's reads walk only the rows they are about
+      // (bench_sop found each loop pass reading every live run: quadratic in
+      // a backlog). Claimable runs (phase pending or running) by age, so a
+      // claim stops at its limit; live claims by SOP and lease, so the cap
+      // counts only held claims; approval waits by deadline, so the timeout
+      // sweep and the next wake read only the waits. A run's phase and wait
+      // live in its payload, hence the expressions; a query uses an index
+      // only with the same terms (persistence/task_store_sop.cpp).
+      R"sql(
+CREATE INDEX IF NOT EXISTS tasks_sop_claimable ON tasks(created_at, id)
+  WHERE kind = 'sop_run' AND state IN ('admitted','running')
+    AND json_extract(payload, '$.phase') IN ('pending','running');
+CREATE INDEX IF NOT EXISTS tasks_sop_claims ON tasks(thread, lease_until)
+  WHERE kind = 'sop_run' AND state IN ('admitted','running') AND owner IS NOT NULL;
+CREATE INDEX IF NOT EXISTS tasks_sop_waits ON tasks(json_extract(payload, '$.wait.deadline'))
+  WHERE kind = 'sop_run' AND state IN ('admitted','running')
+    AND json_extract(payload, '$.phase') = 'waiting_approval';
+)sql",
   };
   return steps;
 }

@@ -454,6 +454,10 @@ class task_reader {
   /// that no change announces: an approval wait's deadline, or the lease
   /// expiry of another claimant's run. nullopt: nothing.
   result<std::optional<std::int64_t>> sop_next_wake(const std::string& owner);
+  /// The live runs waiting for an approval whose timeout passed at `now` and
+  /// has not fired yet, oldest deadline first (an index range: the other
+  /// runs are not read).
+  result<std::vector<sop_run_row>> sop_due_waits(std::int64_t now);
 
   /// Runs `fn` (which calls the reads above) on the read threads and resumes
   /// the caller on its executor: how an actor reads (reader_pool::offload).

@@ -7,6 +7,9 @@
 // and reads.
 #include <SQLiteCpp/Statement.h>
 
+#include <limits>
+#include <map>
+
 #include "tether/persistence/task_store.hpp"
 #include "tether/persistence/task_transitions.hpp"
 #include "tether/protocol/json.hpp"
@@ -170,21 +173,46 @@ result<std::vector<audit_entry>> task_reader::audit_log(const std::string& subje
 result<std::optional<std::int64_t>> task_reader::sop_next_wake(const std::string& owner) {
   try {
     auto c = readers_.acquire();
-    auto& q = c.statement(
-        "SELECT min(x) FROM (SELECT min(json_extract(payload, '$.wait.deadline')) AS x FROM tasks "
-        "WHERE kind = 'sop_run' AND state IN ('admitted','running') AND json_extract(payload, "
-        "'$.phase') = 'waiting_approval' AND json_extract(payload, '$.wait.deadline') > 0 AND "
-        "json_extract(payload, '$.wait.fired') IS NOT 1 UNION ALL SELECT min(lease_until) FROM "
-        "tasks WHERE kind = 'sop_run' AND state IN ('admitted','running') AND owner IS NOT NULL "
-        "AND owner != ?)");
-    q.bind(1, owner);
+    // The earliest wait that has not fired (tasks_sop_waits, by deadline),
+    // and the earliest lease of another claimant (tasks_sop_claims).
+    auto& w = c.statement(
+        "SELECT json_extract(payload, '$.wait.deadline') FROM tasks INDEXED BY tasks_sop_waits "
+        "WHERE kind = 'sop_run' AND "
+        "state IN ('admitted','running') AND json_extract(payload, '$.phase') = "
+        "'waiting_approval' AND json_extract(payload, '$.wait.deadline') > 0 AND "
+        "json_extract(payload, '$.wait.fired') IS NOT 1 ORDER BY json_extract(payload, "
+        "'$.wait.deadline') LIMIT 1");
     std::optional<std::int64_t> out;
-    if (q.executeStep() && !q.getColumn(0).isNull()) out = q.getColumn(0).getInt64();
-    q.reset();
+    if (w.executeStep() && !w.getColumn(0).isNull()) out = w.getColumn(0).getInt64();
+    w.reset();
+    auto& l = c.statement(
+        "SELECT min(lease_until) FROM tasks INDEXED BY tasks_sop_claims WHERE kind = 'sop_run' "
+        "AND state IN "
+        "('admitted','running') AND owner IS NOT NULL AND owner != ?");
+    l.bind(1, owner);
+    if (l.executeStep() && !l.getColumn(0).isNull()) {
+      auto lease = l.getColumn(0).getInt64();
+      out = out ? std::min(*out, lease) : lease;
+    }
+    l.reset();
     return out;
   } catch (const std::exception& e) {
     return read_error("reading the next SOP wake", e);
   }
+}
+
+result<std::vector<sop_run_row>> task_reader::sop_due_waits(std::int64_t now) {
+  return read_all<sop_run_row>(
+      readers_,
+      std::string("SELECT ") + k_run_cols +
+          " FROM tasks INDEXED BY tasks_sop_waits WHERE kind = 'sop_run' AND state IN "
+          "('admitted','running') AND json_extract(payload, '$.phase') = 'waiting_approval' AND "
+          "json_extract(payload, "
+          "'$.wait.deadline') > 0 AND json_extract(payload, '$.wait.deadline') <= CAST(? AS "
+          "INTEGER) AND "
+          "json_extract(payload, '$.wait.fired') IS NOT 1 ORDER BY json_extract(payload, "
+          "'$.wait.deadline'), id",
+      "reading the due SOP approval waits", {std::to_string(now)}, decode_run);
 }
 
 // ---- writes ----
@@ -230,38 +258,68 @@ awaitable<result<std::vector<sop_run_row>>> task_store::sop_claim(std::string ow
              limit](SQLite::Database& db) -> result<std::vector<sop_run_row>> {
     std::vector<sop_run_row> out;
     // Candidates, oldest first: live, phase pending or running, unclaimed
-    // or with a lapsed lease.
+    // or with a lapsed lease (tasks_sop_claimable). The walk stops once
+    // `limit` are picked; the claims are written after it.
     auto& q = cached_statement(
         db,
-        "SELECT id, thread, coalesce(json_extract(payload, '$.definition.max_concurrent'), 1), "
-        "coalesce(owner, '') FROM tasks WHERE kind = 'sop_run' AND state IN "
+        "SELECT id, thread, coalesce(owner, '') FROM tasks INDEXED BY tasks_sop_claimable WHERE "
+        "kind = 'sop_run' AND state IN "
         "('admitted','running') AND json_extract(payload, '$.phase') IN ('pending','running') "
         "AND (owner IS NULL OR lease_until <= ?) ORDER BY created_at, id");
-    q.bind(1, now);
-    struct cand {
-      std::string id, thread, previous;
-      std::int64_t cap = 1;
+    // The cap of a run: its definition's max_concurrent (the snapshot it
+    // was started with).
+    auto& cap_of = cached_statement(
+        db,
+        "SELECT coalesce(json_extract(payload, '$.definition.max_concurrent'), 1) FROM tasks "
+        "WHERE id = ?");
+    // Live claims of an SOP's runs (tasks_sop_claims: only held claims).
+    auto& held_by = cached_statement(
+        db,
+        "SELECT count(*) FROM tasks INDEXED BY tasks_sop_claims WHERE kind = 'sop_run' AND "
+        "thread = ? AND state IN "
+        "('admitted','running') AND owner IS NOT NULL AND lease_until > ?");
+    struct sop_slots {
+      std::int64_t held = 0;  // live claims, this transaction's picks included
+      std::int64_t full_at = std::numeric_limits<std::int64_t>::max();  // a cap seen reached
     };
-    std::vector<cand> cands;
-    while (q.executeStep())
-      cands.push_back({q.getColumn(0).getString(), q.getColumn(1).getString(),
-                       q.getColumn(3).getString(), q.getColumn(2).getInt64()});
+    std::map<std::string, sop_slots> slots;
+    struct pick {
+      std::string id, previous;
+    };
+    std::vector<pick> picks;
+    q.bind(1, now);
+    while (static_cast<int>(picks.size()) < limit && q.executeStep()) {
+      auto id = q.getColumn(0).getString();
+      auto thread = q.getColumn(1).getString();
+      auto previous = q.getColumn(2).getString();
+      auto [it, fresh] = slots.try_emplace(thread);
+      auto& sl = it->second;
+      if (fresh) {
+        held_by.bind(1, thread);
+        held_by.bind(2, now);
+        held_by.executeStep();
+        sl.held = held_by.getColumn(0).getInt64();
+        held_by.reset();
+      }
+      // A candidate's own claim, if it has one, has lapsed (lease_until <=
+      // now): `held` never counts it. Once a run of this SOP found the cap
+      // reached, its later runs are passed over without reading their
+      // payloads (a later snapshot with a higher cap waits for the next
+      // pass: the cap is never exceeded, only met late).
+      if (sl.held >= sl.full_at) continue;
+      cap_of.bind(1, id);
+      cap_of.executeStep();
+      auto cap = cap_of.getColumn(0).getInt64();
+      cap_of.reset();
+      if (sl.held >= cap) {
+        sl.full_at = std::min(sl.full_at, cap);
+        continue;
+      }
+      ++sl.held;
+      picks.push_back({std::move(id), std::move(previous)});
+    }
     q.reset();
-    for (const auto& c : cands) {
-      if (static_cast<int>(out.size()) >= limit) break;
-      // The cap: live claims of this SOP's runs, counted in this transaction
-      // (so the claims it took count too).
-      auto& n = cached_statement(
-          db,
-          "SELECT count(*) FROM tasks WHERE kind = 'sop_run' AND thread = ? AND state IN "
-          "('admitted','running') AND owner IS NOT NULL AND lease_until > ? AND id != ?");
-      n.bind(1, c.thread);
-      n.bind(2, now);
-      n.bind(3, c.id);
-      n.executeStep();
-      auto held = n.getColumn(0).getInt64();
-      n.reset();
-      if (held >= c.cap) continue;
+    for (const auto& c : picks) {
       auto& up = cached_statement(
           db,
           "UPDATE tasks SET state = 'running', owner = ?, lease_until = ?, revision = revision + "

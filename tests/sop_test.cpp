@@ -450,6 +450,86 @@ TEST_CASE("a single claim winner under the cap when two claimants race", "[sop]"
   CHECK(ev->back().detail.find("taken over from claimant-") != std::string::npos);
 }
 
+TEST_CASE("a claim passes over a full SOP's backlog to another SOP's run, and stops at its limit",
+          "[sop]") {
+  sop_fixture x("sop-claim-walk");
+  x.define("one", R"({"name": "one", "agent": "ops", "max_concurrent": 1, "steps": [
+    {"name": "work", "kind": "shell", "command": "true"}]})");
+  x.define("two", R"({"name": "two", "agent": "ops", "max_concurrent": 3, "steps": [
+    {"name": "work", "kind": "shell", "command": "true"}]})");
+  x.start();
+  x.f.close();
+  x.f.tune = [](actors::host_options&) {};  // a host without the engine
+  x.f.open();
+  auto& st = x.f.host->store();
+  // Oldest first: five runs of `one` (cap 1), then four of `two` (cap 3).
+  for (int i = 0; i < 5; ++i) admit_direct(x, "one", "sop-one-" + std::to_string(i));
+  for (int i = 0; i < 4; ++i) admit_direct(x, "two", "sop-two-" + std::to_string(i));
+  auto ids = [](const std::vector<persistence::sop_run_row>& v) {
+    std::vector<std::string> out;
+    for (auto& r : v) out.push_back(r.id.str());
+    return out;
+  };
+  // A limit of 2: the oldest run of `one`, then (its SOP now full) the
+  // oldest of `two`; the walk ends there.
+  auto a = x.f.sync(st.sop_claim("claimant-a", T0, T0 + 60'000, 2));
+  REQUIRE(a);
+  CHECK(ids(*a) == std::vector<std::string>{"sop-one-0", "sop-two-0"});
+  // No limit to speak of: `one` is full, so only `two` up to its cap of 3.
+  auto b = x.f.sync(st.sop_claim("claimant-b", T0, T0 + 60'000, 100));
+  REQUIRE(b);
+  CHECK(ids(*b) == std::vector<std::string>{"sop-two-1", "sop-two-2"});
+  auto c = x.f.sync(st.sop_claim("claimant-c", T0, T0 + 60'000, 100));
+  REQUIRE(c);
+  CHECK(c->empty());
+  // The next wake is the earliest lease of another claimant's run.
+  auto wake = st.sop_next_wake("claimant-c");
+  REQUIRE(wake);
+  REQUIRE(*wake);
+  CHECK(**wake == T0 + 60'000);
+  // Once the leases lapse, the next claimant takes one run of `one` (the
+  // oldest, taken over) and three of `two`.
+  auto d = x.f.sync(st.sop_claim("claimant-d", T0 + 60'000, T0 + 120'000, 100));
+  REQUIRE(d);
+  CHECK(ids(*d) == std::vector<std::string>{"sop-one-0", "sop-two-0", "sop-two-1", "sop-two-2"});
+}
+
+TEST_CASE("the timeout sweep reads only approval waits that are due and have not fired", "[sop]") {
+  sop_fixture x("sop-due-waits");
+  x.define("deploy", deploy_json(x, R"(, "approval_timeout_ms": 1000)"));
+  x.start();
+  auto early = x.run("deploy");
+  x.settle();
+  x.at(T0 + 500);
+  auto late = x.run("deploy");
+  x.settle();
+  CHECK(x.view(early).state == "waiting_approval");
+  CHECK(x.view(late).state == "waiting_approval");
+  auto& st = x.f.host->store();
+  auto due = [&st](std::int64_t now) {
+    auto r = st.sop_due_waits(now);
+    REQUIRE(r);
+    std::vector<std::string> out;
+    for (auto& w : *r) out.push_back(w.id.str());
+    return out;
+  };
+  CHECK(due(T0 + 999).empty());
+  CHECK(due(T0 + 1000) == std::vector<std::string>{early.str()});
+  CHECK(due(T0 + 1500) == std::vector<std::string>{early.str(), late.str()});
+  auto wake = st.sop_next_wake(x.sop().claimant());
+  REQUIRE(wake);
+  REQUIRE(*wake);
+  CHECK(**wake == T0 + 1000);
+  // The first escalates (fired): it is no longer due, and the wake moves on.
+  x.at(T0 + 1000);
+  CHECK(due(T0 + 1500) == std::vector<std::string>{late.str()});
+  wake = st.sop_next_wake(x.sop().claimant());
+  REQUIRE(wake);
+  REQUIRE(*wake);
+  CHECK(**wake == T0 + 1500);
+  CHECK(x.view(early).state == "waiting_approval");  // escalation never approves
+}
+
 TEST_CASE("a divergent save at the same revision is refused and writes nothing", "[sop]") {
   sop_fixture x("sop-revision");
   x.define("deploy", deploy_json(x));
