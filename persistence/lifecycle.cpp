@@ -132,6 +132,104 @@ std::string_view meaning(goal_state s) {
   return {};
 }
 
+// The kinds whose rows store the one state machine's words directly (cron
+// and SOP runs, SOP steps): admitted and running, then the terminal word of
+// each transition (task_transitions: transition_of_word), so a transition
+// added to protocol::transition must be described for each kind here.
+enum class run_kind { cron_run, sop_run, sop_step };
+
+std::string_view live_meaning(run_kind k, bool running) {
+  switch (k) {
+    case run_kind::cron_run:
+      return running ? "an attempt was recorded by its claimant (payload.attempt) and is in flight"
+                     : "its occurrence was claimed (the claim, with a fencing token, is on the "
+                       "cron_jobs row) and no attempt was recorded yet";
+    case run_kind::sop_run:
+      return running ? "claimed at least once: its payload.phase says pending (behind the cap or "
+                       "moved on by a decision), running (claimed, driven step by step), "
+                       "waiting_approval or paused_checkpoint (parked, no claim)"
+                     : "admitted (payload.phase pending), never claimed yet";
+    case run_kind::sop_step:
+      return running ? "its command or prompt is in flight (attempt payload.inflight of its run)"
+                     : "";  // admitted running: never stored
+  }
+  return "";
+}
+
+std::string_view meaning(run_kind k, protocol::transition t) {
+  using protocol::transition;
+  switch (t) {
+    case transition::started:
+      return "";  // not a state: the receipt a shell writes when it starts
+    case transition::completed:
+      switch (k) {
+        case run_kind::cron_run:
+          return "the attempt ended ok or degraded; the job's next run is set in the same "
+                 "transaction";
+        case run_kind::sop_run:
+          return "a step's (or an approval's) success transition reached the end";
+        case run_kind::sop_step:
+          return "its command exited 0 (or its prompt answered); the run's next step was saved "
+                 "in the same transaction";
+      }
+      return "";
+    case transition::failed:
+      switch (k) {
+        case run_kind::cron_run:
+          return "the last attempt failed (or was refused by the agent's policy)";
+        case run_kind::sop_run:
+          return "a failure transition reached `fail`, a rejection, max_visits, or a step that "
+                 "was lost";
+        case run_kind::sop_step:
+          return "its last attempt failed (retries spent) or was refused by the policy";
+      }
+      return "";
+    case transition::cancelled:
+      switch (k) {
+        case run_kind::cron_run:
+          return "skipped: no owning agent, or overdue with catch-up off; it never ran";
+        case run_kind::sop_run:
+          return "sop_engine::cancel (a running step stopped first, confirmed), or an approval "
+                 "timeout with on_timeout cancel";
+        case run_kind::sop_step:
+          return "its run was cancelled while it ran; its command was stopped first";
+      }
+      return "";
+    case transition::lost:
+      switch (k) {
+        case run_kind::cron_run:
+          return "";  // a lost command is recorded as a failed run
+        case run_kind::sop_run:
+          return "";  // a lost step takes its failure transition
+        case run_kind::sop_step:
+          return "in flight when its process died, not idempotent, and the daemon has no "
+                 "record of it: never sent again; the run takes its failure transition";
+      }
+      return "";
+    case transition::timed_out:
+      switch (k) {
+        case run_kind::cron_run:
+          return "the attempt ran past the job's timeout and was killed";
+        case run_kind::sop_run:
+          return "";  // a step's timeout is the step's state
+        case run_kind::sop_step:
+          return "its last attempt ran past the step's timeout_ms and was killed";
+      }
+      return "";
+  }
+  return "";
+}
+
+std::vector<state_meaning> run_states(run_kind k) {
+  std::vector<state_meaning> out;
+  for (bool running : {false, true})
+    if (auto m = live_meaning(k, running); !m.empty())
+      out.push_back({running ? "running" : "admitted", false, m});
+  for (auto t : every<protocol::transition>())
+    if (auto m = meaning(k, t); !m.empty()) out.push_back({std::string(to_string(t)), true, m});
+  return out;
+}
+
 std::vector<state_meaning> subagent_states() {
   std::vector<state_meaning> out;
   for (auto s : every<job_status>())
@@ -396,6 +494,149 @@ std::vector<lifecycle> build() {
     l.delivery =
         "its closing receipt <goal>/<transition> stays pending until admitted into the "
         "creator's inbox; boot resends it and the inbox drops a repeat";
+    out.push_back(std::move(l));
+  }
+  {
+    lifecycle l;
+    l.kind = "cron_run";
+    l.admitted = "yes";
+    l.owner =
+        "the cron scheduler (actors/cron.hpp): its loop claims the due job and drives the "
+        "occurrence's attempts";
+    l.store =
+        "tasks (the job's definition, next run and claim: cron_jobs; its terminal receipt is "
+        "written dropped)";
+    l.durable = durability::restart_resumable;
+    l.durable_why =
+        "the run task and the job's claim are durable: a claim whose claimant died lapses (or "
+        "is cleared at start, its owner provably gone) and the next claim takes the run over at "
+        "the attempt it recorded";
+    l.cancel =
+        "no API cancels a run in flight: its attempt ends by itself or is killed at the job's "
+        "timeout; removing or disabling the job stops later occurrences";
+    l.in_flight =
+        "the attempt's command in the sandbox daemon (sent under <task>-a<attempt>), or a "
+        "prompt's turn in its session, until it ends";
+    l.states_from =
+        "the one state machine's words: admitted, running, then protocol::transition's "
+        "terminal words";
+    l.states = run_states(run_kind::cron_run);
+    l.waits = "none: no waiting, approval or checkpoint state";
+    l.fields = {
+        {"parent", F::absent, "no parent task: its job is payload.job (a cron_jobs row)"},
+        {"child", F::absent,
+         "not recorded (an isolated prompt's session is named after the attempt)"},
+        {"agent", F::row, "payload.agent: the job's owning agent"},
+        {"originator", F::row, "thread cron:<job>, turn the occurrence (ms), scope"},
+        {"tenant", F::row, "tenant"},
+        {"depth", F::absent, "not recorded: a run is not part of a tree of sessions"},
+        {"usage", F::absent, "not recorded"},
+        {"owner", F::elsewhere, "cron_jobs.claim_owner (the claimant), with its fencing token"},
+        {"lease", F::elsewhere, "cron_jobs.claim_until, renewed while the run goes on"},
+        {"goal", F::absent, "a run joins no goal"},
+    };
+    l.recovery_can_duplicate = true;
+    l.recovery =
+        "a shell attempt taken over is sent under the same id and the daemon attaches to it "
+        "(once, unless the daemon itself lost it); a prompt in the agent's main session may be "
+        "asked again";
+    l.delivery_idempotent = true;
+    l.delivery =
+        "its terminal receipt is written dropped: no inbox is owed it; the record is the row "
+        "and the job's last status";
+    out.push_back(std::move(l));
+  }
+  {
+    lifecycle l;
+    l.kind = "sop_run";
+    l.admitted = "yes";
+    l.owner =
+        "the SOP engine (actors/sop.hpp): its loop claims runs under each SOP's cap; a drive "
+        "per claimed run saves each step";
+    l.store =
+        "tasks (its progression in payload; its events in task_events; who approved what in "
+        "audit_log, never read to decide; its terminal receipt is written dropped)";
+    l.durable = durability::restart_resumable;
+    l.durable_why =
+        "every save is a revision compare-and-set of its payload: a restart takes the run on "
+        "at its step, a parked run comes back parked without a claim, a step in flight is "
+        "resolved through its task";
+    l.cancel =
+        "sop_engine::cancel in any state that is not terminal: a running step's command is "
+        "stopped (confirmed by the daemon) before the terminal compare-and-set";
+    l.in_flight =
+        "nothing of a shell step (stopped first); a prompt step's turn is cancelled through its "
+        "signal, and what it already did stays done";
+    l.states_from =
+        "the one state machine's words: admitted, running, then protocol::transition's "
+        "terminal words; the SOP state is payload.phase while it is live";
+    l.states = run_states(run_kind::sop_run);
+    l.waits =
+        "waiting_approval and paused_checkpoint (payload.phase of a running run, holding no "
+        "claim); an approval's timeout escalates, cancels or, only when the definition says so, "
+        "approves";
+    l.fields = {
+        {"parent", F::absent, "no parent task"},
+        {"child", F::elsewhere, "its steps: sop_step tasks whose parent_id is the run"},
+        {"agent", F::row, "payload.definition.agent: the SOP's agent"},
+        {"originator", F::row,
+         "thread sop:<sop>, turn the run id, scope; who started it: the audit log (sop.start)"},
+        {"tenant", F::row, "tenant"},
+        {"depth", F::absent, "not recorded: a run is not part of a tree of sessions"},
+        {"usage", F::absent, "not recorded"},
+        {"owner", F::row, "owner: the claimant while claimed (none while parked)"},
+        {"lease", F::row, "lease_until, renewed while the run is driven"},
+        {"goal", F::absent, "a run joins no goal"},
+    };
+    l.recovery_can_duplicate = false;
+    l.recovery =
+        "the run itself repeats nothing: each step is its own task (see sop_step), and a "
+        "decision or a save at a stale revision is refused";
+    l.delivery_idempotent = true;
+    l.delivery =
+        "its terminal receipt is written dropped: no inbox is owed it; the record is the row and "
+        "its events";
+    out.push_back(std::move(l));
+  }
+  {
+    lifecycle l;
+    l.kind = "sop_step";
+    l.admitted = "yes";
+    l.owner = "the SOP engine's drive of its run (actors/sop.hpp)";
+    l.store =
+        "tasks (its terminal receipt is written dropped; its run's payload names it in flight)";
+    l.durable = durability::durably_supervised;
+    l.durable_why =
+        "its row and its attempt's daemon id let the next claimant of its run follow it; it is "
+        "run again only when the step is declared idempotent";
+    l.cancel = "cancelling its run: the command is stopped through the daemon, confirmed";
+    l.in_flight =
+        "nothing of a shell attempt once the daemon confirmed the stop; a prompt's turn until "
+        "it observes its cancellation";
+    l.states_from =
+        "the one state machine's words: running (admitted so), then protocol::transition's "
+        "terminal words";
+    l.states = run_states(run_kind::sop_step);
+    l.waits = "none: an approval or a checkpoint is the run's phase, not a step task";
+    l.fields = {
+        {"parent", F::row, "parent_id: its run (a task)"},
+        {"child", F::absent, "not used"},
+        {"agent", F::elsewhere, "its run's definition (payload.definition.agent of the run)"},
+        {"originator", F::row, "thread, turn, scope: its run's, copied at admission"},
+        {"tenant", F::row, "tenant (its run's)"},
+        {"depth", F::absent, "not recorded"},
+        {"usage", F::absent, "not recorded"},
+        {"owner", F::elsewhere, "its run's claim (the run's owner)"},
+        {"lease", F::elsewhere, "its run's lease_until"},
+        {"goal", F::absent, "a step joins no goal"},
+    };
+    l.recovery_can_duplicate = true;
+    l.recovery =
+        "only a step declared idempotent: it is sent again under the same attempt id (the "
+        "daemon attaches if it still has it); any other step is followed, or lost, never sent "
+        "again";
+    l.delivery_idempotent = true;
+    l.delivery = "its terminal receipt is written dropped: no inbox is owed it";
     out.push_back(std::move(l));
   }
   return out;

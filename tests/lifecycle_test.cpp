@@ -50,6 +50,17 @@ std::vector<std::string> delegate_words() {
 std::vector<std::string> shell_words() {
   return words_of<owned_state>([](owned_state s) { return std::string(to_string(s)); });
 }
+// The words the cron scheduler and the SOP engine store (actors/cron.cpp,
+// actors/sop.cpp), in the table's order: live words, then transitions'.
+std::vector<std::string> cron_run_words() {
+  return {"admitted", "running", "completed", "failed", "cancelled", "timed_out"};
+}
+std::vector<std::string> sop_run_words() {
+  return {"admitted", "running", "completed", "failed", "cancelled"};
+}
+std::vector<std::string> sop_step_words() {
+  return {"running", "completed", "failed", "cancelled", "lost", "timed_out"};
+}
 std::vector<std::string> subagent_words() {
   return words_of<job_status>([](job_status s) { return task_state_word(s); });
 }
@@ -181,13 +192,17 @@ TEST_CASE(
       CHECK_FALSE(s.meaning.empty());
     }
   }
-  CHECK(kinds == std::set<std::string>{"subagent", "shell", "delegate", "local_shell", "goal"});
+  CHECK(kinds == std::set<std::string>{"subagent", "shell", "delegate", "local_shell", "goal",
+                                       "cron_run", "sop_run", "sop_step"});
   CHECK(state_words("delegate") == delegate_words());
   CHECK(state_words("shell") == shell_words());
   CHECK(state_words("subagent") == subagent_words());
   CHECK(state_words("goal") ==
         std::vector<std::string>{"running", "completed", "failed", "cancelled"});
-  CHECK(lifecycle_of("cron_run") == nullptr);  // not built: no row pretends it is
+  CHECK(state_words("cron_run") == cron_run_words());
+  CHECK(state_words("sop_run") == sop_run_words());
+  CHECK(state_words("sop_step") == sop_step_words());
+  CHECK(lifecycle_of("sop_definition") == nullptr);  // not a task: no row pretends it is
 }
 
 TEST_CASE("inspect --lifecycle lists every kind with every state word of its enum", "[lifecycle]") {
@@ -203,7 +218,9 @@ TEST_CASE("inspect --lifecycle lists every kind with every state word of its enu
   for (auto& k : {kind_words{"delegate", delegate_words()}, kind_words{"shell", shell_words()},
                   kind_words{"subagent", subagent_words()},
                   kind_words{"local_shell", {"completed", "failed", "cancelled", "lost"}},
-                  kind_words{"goal", {"running", "completed", "failed", "cancelled"}}}) {
+                  kind_words{"goal", {"running", "completed", "failed", "cancelled"}},
+                  kind_words{"cron_run", cron_run_words()}, kind_words{"sop_run", sop_run_words()},
+                  kind_words{"sop_step", sop_step_words()}}) {
     auto text = section(r.output, k.kind);
     INFO(k.kind);
     REQUIRE_FALSE(text.empty());
@@ -224,7 +241,7 @@ TEST_CASE("inspect --lifecycle lists every kind with every state word of its enu
   REQUIRE(j.exit_code == 0);
   auto doc = json::parse(j.output).as_object();
   auto& kinds = doc.at("lifecycles").as_array();
-  REQUIRE(kinds.size() == 5);
+  REQUIRE(kinds.size() == 8);
   for (auto& k : kinds) {
     if (k.at("kind").as_string() != "delegate") continue;
     std::vector<std::string> words;
