@@ -763,7 +763,7 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
   // started: open the busy period on disk and remember startedSeq.
   if (!queued_jobs_.empty() && (!job_ || job_->reported)) {
     job_ = std::move(queued_jobs_.front());
-    queued_jobs_.pop_front();
+    queued_jobs_.erase(queued_jobs_.begin());
   }
   auto begun = co_await store.begin_busy(id());
   if (!begun) {

@@ -13,9 +13,9 @@
 // mailbox keeps taking steers, reports and interrupts while the agent works.
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <deque>
 #include <optional>
 #include <variant>
+#include <vector>
 
 #include "tether/actors/agent.hpp"
 #include "tether/actors/inbox.hpp"
@@ -192,7 +192,11 @@ class session : public runtime::actor<session, session_message> {
   std::int64_t settle_cursor_ = 0;
   asio::cancellation_signal drain_cancel_;
   std::optional<job_binding> job_;
-  std::deque<job_binding> queued_jobs_;  // jobs waiting for a busy period of their own
+  // Jobs waiting for a busy period of their own, oldest first. A vector, not
+  // a deque: an empty std::deque allocates its map and a first node (about
+  // 500 bytes for every idle session; bench_sessions), and the queue is
+  // short, so taking the front is cheap.
+  std::vector<job_binding> queued_jobs_;
   std::vector<reply_to<void>> idle_waiters_;
   std::shared_ptr<runtime::one_shot<int>> busy_done_;
   protocol::turn_id turn_;  // the current busy period's turn
