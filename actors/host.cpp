@@ -553,15 +553,13 @@ awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
 awaitable<void> host::resend_notices(boot_report& rep) {
   auto& receipts = *store_;
   auto read = [&receipts]() -> result<std::vector<persistence::receipt>> {
-    auto pending = receipts.pending_receipts();
+    auto pending = receipts.pending_receipts_with_kind();
     if (!pending) return pending.error();
     std::vector<persistence::receipt> notices;
-    for (auto& r : *pending) {
+    for (auto& [r, kind] : *pending) {
       // A subagent task's receipt is an owed report, delivered with its row;
       // every other kind's (a shell's, a delegate's) is a notice.
-      auto kind = receipts.task_kind(r.job);
-      if (!kind) return kind.error();
-      if (!kind->empty() && *kind != "subagent") notices.push_back(std::move(r));
+      if (!kind.empty() && kind != "subagent") notices.push_back(std::move(r));
     }
     return notices;
   };

@@ -566,7 +566,7 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   auto read_live = [this] { return store_.live_jobs(); };
   auto live = co_await store_.offload(std::move(read_live));
   if (!live) co_return refuse(live.error());
-  auto read_pending = [this] { return store_.pending_receipts(); };
+  auto read_pending = [this] { return store_.pending_receipts_with_kind(); };
   auto pending = co_await store_.offload(std::move(read_pending));
   if (!pending) co_return refuse(pending.error());
 
@@ -623,32 +623,50 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
 
   // Stale receipts: another scope than their job's, an older generation than
   // the bound one, or an owner that is gone. The others are boot's to resend.
+  // One read for all of them: only a shell's receipt needs its job's row
+  // (store_.job reads shells only, so any other kind has none).
+  auto read_stale =
+      [this,
+       pending = std::move(*pending)]() -> result<std::vector<std::pair<event_id, std::string>>> {
+    std::vector<std::pair<event_id, std::string>> out;
+    std::map<std::string, std::optional<std::uint64_t>> bound_of;  // by sandbox
+    for (const auto& [r, kind] : pending) {
+      std::optional<owned_job> j;
+      if (kind == "shell") {
+        auto read = store_.job(r.job);
+        if (!read) return read.error();
+        j = std::move(*read);
+      }
+      // A subagent job's receipt (no sandbox): the report path owns its delivery.
+      if (!j && r.scope.sandbox.empty() && r.scope.generation == 0) continue;
+      std::string why;
+      if (!j) {
+        why = "its job does not exist";
+      } else if (!(j->scope == r.scope)) {
+        why = "its scope differs from its job's owner";
+      } else {
+        auto it = bound_of.find(r.scope.sandbox.str());
+        if (it == bound_of.end()) {
+          auto bound = store_.bound_generation(r.scope.sandbox);
+          if (!bound) return bound.error();
+          it = bound_of.emplace(r.scope.sandbox.str(), *bound).first;
+        }
+        if (it->second && r.scope.generation < *it->second)
+          why = "it belongs to generation " + std::to_string(r.scope.generation) + " of sandbox '" +
+                r.scope.sandbox.str() + "', older than the bound " + std::to_string(*it->second);
+      }
+      if (!why.empty()) out.emplace_back(r.id, std::move(why));
+    }
+    return out;
+  };
+  auto stale = co_await store_.offload(std::move(read_stale));
+  if (!stale) co_return refuse(stale.error());
   std::vector<event_id> drop;
-  for (auto& r : *pending) {
-    auto read_job = [this, id = r.job] { return store_.job(id); };
-    auto j = co_await store_.offload(std::move(read_job));
-    if (!j) co_return refuse(j.error());
-    // A subagent job's receipt (no sandbox): the report path owns its delivery.
-    if (!*j && r.scope.sandbox.empty() && r.scope.generation == 0) continue;
-    std::string why;
-    if (!*j) {
-      why = "its job does not exist";
-    } else if (!((*j)->scope == r.scope)) {
-      why = "its scope differs from its job's owner";
-    } else {
-      auto read_bound = [this, sb = r.scope.sandbox] { return store_.bound_generation(sb); };
-      auto bound = co_await store_.offload(std::move(read_bound));
-      if (!bound) co_return refuse(bound.error());
-      if (*bound && r.scope.generation < **bound)
-        why = "it belongs to generation " + std::to_string(r.scope.generation) + " of sandbox '" +
-              r.scope.sandbox.str() + "', older than the bound " + std::to_string(**bound);
-    }
-    if (!why.empty()) {
-      auto w = "recovery: receipt " + r.id.str() + " dropped: " + why;
-      rep.warnings.push_back(w);
-      host_.warn(w);
-      drop.push_back(r.id);
-    }
+  for (auto& [id, why] : *stale) {
+    auto w = "recovery: receipt " + id.str() + " dropped: " + why;
+    rep.warnings.push_back(w);
+    host_.warn(w);
+    drop.push_back(id);
   }
   if (!drop.empty()) {
     rep.dropped = static_cast<int>(drop.size());

@@ -413,6 +413,10 @@ class task_reader {
                                               const protocol::turn_id& turn);
   /// Receipts owed (pending), oldest first; an unknown state word is refused.
   result<std::vector<receipt>> pending_receipts();
+  /// pending_receipts(), each with the kind of its task ("" if there is no
+  /// such task), in one read: what boot's sweeps sort by, without a read per
+  /// receipt.
+  result<std::vector<std::pair<receipt, std::string>>> pending_receipts_with_kind();
   result<std::optional<receipt>> receipt_by_id(const event_id& id);
   result<std::vector<receipt>> receipts_of(const job_id& job);
   /// The generation this host is bound to for `sandbox`, if any.

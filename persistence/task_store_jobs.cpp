@@ -212,6 +212,20 @@ result<std::vector<receipt>> task_reader::pending_receipts() {
                            "reading pending receipts", {}, decode_receipt);
 }
 
+result<std::vector<std::pair<receipt, std::string>>> task_reader::pending_receipts_with_kind() {
+  auto decode = [](SQLite::Statement& q) -> result<std::pair<receipt, std::string>> {
+    auto r = decode_receipt(q);
+    if (!r) return r.error();
+    return std::pair<receipt, std::string>{std::move(*r), q.getColumn(7).getString()};
+  };
+  return read_all<std::pair<receipt, std::string>>(
+      readers_,
+      "SELECT r.id, r.task_id, r.transition, r.scope, r.body, r.state, r.created_at, "
+      "coalesce(t.kind, '') FROM receipts r LEFT JOIN tasks t ON t.id = r.task_id WHERE r.state "
+      "NOT IN ('acked','read','dropped') ORDER BY r.created_at, r.id",
+      "reading pending receipts", {}, decode);
+}
+
 result<std::optional<receipt>> task_reader::receipt_by_id(const event_id& id) {
   return first_of(read_all<receipt>(
       readers_, std::string("SELECT ") + k_receipt_cols + " FROM receipts WHERE id = ?",
