@@ -72,6 +72,7 @@ namespace bench = tether::bench;
 namespace fs = std::filesystem;
 namespace json = boost::json;
 using bench::clock;
+using bench::number;
 
 constexpr char k_bench[] = "bench_cron";
 constexpr std::int64_t k_now = 1'800'000'000'000;  // the bench's "now" (2027-01-15)
@@ -288,24 +289,13 @@ void emit_phase(const std::string& f, const phase& p) {
   bench::emit(k_bench, f + "_last_tenth_claims_per_s", p.tenth_rate(true), "claims/s");
 }
 
-std::string num(double v) {
-  char b[64];
-  if (!std::isfinite(v))
-    std::snprintf(b, sizeof b, "null");
-  else if (std::fabs(v) >= 100)
-    std::snprintf(b, sizeof b, "%.0f", v);
-  else
-    std::snprintf(b, sizeof b, "%.4g", v);
-  return b;
-}
-
 std::string phase_json(const phase& p) {
-  return "{\"claims\":" + num(static_cast<double>(p.claims)) +
-         ",\"claims_per_s\":" + num(p.rate()) + ",\"seconds\":" + num(p.seconds) +
-         ",\"transactions\":" + num(static_cast<double>(p.transactions)) +
-         ",\"cpu_seconds\":" + num(p.cpu) +
-         ",\"first_tenth_claims_per_s\":" + num(p.tenth_rate(false)) +
-         ",\"last_tenth_claims_per_s\":" + num(p.tenth_rate(true)) + "}";
+  return "{\"claims\":" + number(static_cast<double>(p.claims)) +
+         ",\"claims_per_s\":" + number(p.rate()) + ",\"seconds\":" + number(p.seconds) +
+         ",\"transactions\":" + number(static_cast<double>(p.transactions)) +
+         ",\"cpu_seconds\":" + number(p.cpu) +
+         ",\"first_tenth_claims_per_s\":" + number(p.tenth_rate(false)) +
+         ",\"last_tenth_claims_per_s\":" + number(p.tenth_rate(true)) + "}";
 }
 
 }  // namespace
@@ -445,11 +435,12 @@ int main(int argc, char** argv) {
       "\"raw_claims_per_s\":%s,\"ratio\":%s,\"store\":%s,\"raw\":%s,\"batch1\":{\"store\":%s,"
       "\"raw\":%s,\"ratio\":%s},\"next_wake_ms\":%s,\"next_wake_again_ms\":%s,"
       "\"next_wake_all_claimed_ms\":%s,\"cron_put_per_s\":%s,\"ok\":%s}\n",
-      n, raw_first ? "raw_first" : "store_first", num(s64.rate()).c_str(), num(r64.rate()).c_str(),
-      num(s64.rate() / r64.rate()).c_str(), phase_json(s64).c_str(), phase_json(r64).c_str(),
-      phase_json(s1).c_str(), phase_json(r1).c_str(), num(s1.rate() / r1.rate()).c_str(),
-      num(wake_first_ms).c_str(), num(wake_again_ms).c_str(), num(wake_claimed_ms).c_str(),
-      num(static_cast<double>(put_sample) / put_s).c_str(), ok ? "true" : "false");
+      n, raw_first ? "raw_first" : "store_first", number(s64.rate()).c_str(),
+      number(r64.rate()).c_str(), number(s64.rate() / r64.rate()).c_str(), phase_json(s64).c_str(),
+      phase_json(r64).c_str(), phase_json(s1).c_str(), phase_json(r1).c_str(),
+      number(s1.rate() / r1.rate()).c_str(), number(wake_first_ms).c_str(),
+      number(wake_again_ms).c_str(), number(wake_claimed_ms).c_str(),
+      number(static_cast<double>(put_sample) / put_s).c_str(), ok ? "true" : "false");
   std::fflush(stdout);
   std::error_code ec;
   fs::remove_all(dir, ec);

@@ -74,6 +74,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "host_support.hpp"
 #include "support.hpp"
 #include "tether/actors/host.hpp"
 #include "tether/runtime/sync_wait.hpp"
@@ -88,6 +89,7 @@ namespace bench = tether::bench;
 namespace wire = protocol::sandbox;
 using asio::awaitable;
 using bench::clock;
+using bench::sync;
 using protocol::job_id;
 using protocol::session_id;
 
@@ -243,11 +245,6 @@ struct host_outcome {
   persistence::writer_stats stats;
   double rate() const { return static_cast<double>(delivered) / deliver_wall_s; }
 };
-
-template <class T>
-T sync(actors::host& h, awaitable<T> a) {
-  return runtime::sync_wait(h.pool().at(0), std::move(a));
-}
 
 awaitable<void> prompt_one(actors::host* h, session_id s) {
   std::string text = "launch your jobs";

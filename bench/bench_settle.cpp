@@ -57,6 +57,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "host_support.hpp"
 #include "support.hpp"
 #include "tether/actors/host.hpp"
 #include "tether/persistence/task_store.hpp"
@@ -71,6 +72,7 @@ namespace asio = boost::asio;
 namespace bench = tether::bench;
 using asio::awaitable;
 using bench::clock;
+using bench::sync;
 using protocol::notification_id;
 using protocol::session_id;
 using testing::script_action;
@@ -239,11 +241,6 @@ struct outcome {
   double seconds() const { return spawn_seconds + settle_seconds; }
   double rate() const { return static_cast<double>(reports) / seconds(); }
 };
-
-template <class T>
-T sync(actors::host& h, awaitable<T> a) {
-  return runtime::sync_wait(h.pool().at(0), std::move(a));
-}
 
 // Prompts one child until it had `periods` busy periods or the deadline
 // passed, each time after the last busy period settled and was delivered.

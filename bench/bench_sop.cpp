@@ -81,6 +81,7 @@
 #include <string>
 #include <vector>
 
+#include "host_support.hpp"
 #include "support.hpp"
 #include "tether/actors/host.hpp"
 #include "tether/protocol/json.hpp"
@@ -102,6 +103,8 @@ using asio::awaitable;
 using bench::clock;
 using bench::cpu_seconds;
 using bench::cpu_seconds_of;
+using bench::number;
+using bench::sync;
 using protocol::job_id;
 
 constexpr char k_bench[] = "bench_sop";
@@ -125,23 +128,6 @@ std::string g_dir;
 double ms_between(clock::time_point a, clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
-
-template <class T>
-T sync(actors::host& h, awaitable<T> a) {
-  return runtime::sync_wait(h.pool().at(0), std::move(a));
-}
-
-// The SOPs' steps are shells only: no agent is ever asked anything.
-class idle_agent : public actors::agent {
- public:
-  awaitable<void> drain(actors::agent_context&, actors::drain_input) override { co_return; }
-};
-class idle_agents : public actors::agent_factory {
- public:
-  std::shared_ptr<actors::agent> make(const actors::session_row&) override {
-    return std::make_shared<idle_agent>();
-  }
-};
 
 void write_sops(const std::string& dir, int concurrency) {
   fs::create_directories(dir);
@@ -187,7 +173,7 @@ engine_outcome run_engine(const std::string& dir, const std::string& state_dir, 
   o.db_path = dir + "/tether.db";
   o.create_db = true;
   o.sync = persistence::sync_mode::full;
-  o.agents = std::make_shared<idle_agents>();
+  o.agents = std::make_shared<bench::idle_agents>();
   o.jobs.sandbox_dir = state_dir;
   o.jobs.start_daemon = false;
   o.jobs.cwd = dir + "/work";
@@ -620,17 +606,6 @@ void check_raw(const std::string& path, std::size_t n, int k) {
         std::to_string(want_steps));
 }
 
-std::string num(double v) {
-  char b[64];
-  if (!std::isfinite(v))
-    std::snprintf(b, sizeof b, "null");
-  else if (std::fabs(v) >= 100)
-    std::snprintf(b, sizeof b, "%.0f", v);
-  else
-    std::snprintf(b, sizeof b, "%.4g", v);
-  return b;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -754,11 +729,11 @@ int main(int argc, char** argv) {
       "\"approvals\":%d,\"approve_call_ms\":{\"p50\":%s,\"p99\":%s},"
       "\"approval_round_trip_ms\":{\"p50\":%s,\"p99\":%s},"
       "\"raw_approval_round_trip_ms\":{\"p50\":%s,\"p99\":%s},\"ok\":true}\n",
-      n, c, k_steps, num(runs_per_s).c_str(), num(raw_exec).c_str(), num(raw_sql_rate).c_str(),
-      num(runs_per_s / ceiling).c_str(), num(e.cpu_s * 1e6 / nd).c_str(),
-      num(static_cast<double>(e.transactions) / nd).c_str(), k, num(ac50).c_str(),
-      num(ac99).c_str(), num(rt50).c_str(), num(rt99).c_str(), num(rr50).c_str(),
-      num(rr99).c_str());
+      n, c, k_steps, number(runs_per_s).c_str(), number(raw_exec).c_str(),
+      number(raw_sql_rate).c_str(), number(runs_per_s / ceiling).c_str(),
+      number(e.cpu_s * 1e6 / nd).c_str(), number(static_cast<double>(e.transactions) / nd).c_str(),
+      k, number(ac50).c_str(), number(ac99).c_str(), number(rt50).c_str(), number(rt99).c_str(),
+      number(rr50).c_str(), number(rr99).c_str());
   std::fflush(stdout);
 
   {

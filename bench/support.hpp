@@ -24,10 +24,9 @@ inline double seconds_since(clock::time_point t0) {
   return std::chrono::duration<double>(clock::now() - t0).count();
 }
 
-/// Prints {"bench":...,"figure":...,"value":...,"unit":...} and flushes, so a
-/// figure survives a later crash of the same binary.
-inline void emit(std::string_view bench, std::string_view figure, double value,
-                 std::string_view unit) {
+/// A figure as JSON: null when not finite, whole from 100 up, else 4
+/// significant digits.
+inline std::string number(double value) {
   char num[64];
   if (!std::isfinite(value))
     std::snprintf(num, sizeof num, "null");
@@ -35,9 +34,16 @@ inline void emit(std::string_view bench, std::string_view figure, double value,
     std::snprintf(num, sizeof num, "%.0f", value);
   else
     std::snprintf(num, sizeof num, "%.4g", value);
+  return num;
+}
+
+/// Prints {"bench":...,"figure":...,"value":...,"unit":...} and flushes, so a
+/// figure survives a later crash of the same binary.
+inline void emit(std::string_view bench, std::string_view figure, double value,
+                 std::string_view unit) {
   std::printf("{\"bench\":\"%.*s\",\"figure\":\"%.*s\",\"value\":%s,\"unit\":\"%.*s\"}\n",
               static_cast<int>(bench.size()), bench.data(), static_cast<int>(figure.size()),
-              figure.data(), num, static_cast<int>(unit.size()), unit.data());
+              figure.data(), number(value).c_str(), static_cast<int>(unit.size()), unit.data());
   std::fflush(stdout);
 }
 
