@@ -550,34 +550,26 @@ awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
   if (chunks > 0) co_await all_done->async_wait(asio::use_awaitable);
 }
 
-awaitable<void> host::resend_notices(boot_report& rep) {
-  auto& receipts = *store_;
-  auto read = [&receipts]() -> result<std::vector<persistence::receipt>> {
-    auto pending = receipts.pending_receipts_with_kind();
-    if (!pending) return pending.error();
-    std::vector<persistence::receipt> notices;
-    for (auto& [r, kind] : *pending) {
-      // A subagent task's receipt is an owed report, delivered with its row;
-      // every other kind's (a shell's, a delegate's) is a notice.
-      if (!kind.empty() && kind != "subagent") notices.push_back(std::move(r));
+awaitable<void> host::deliver_outbox(session_id owner, std::vector<outbox_entry> entries,
+                                     std::shared_ptr<boot_report> rep,
+                                     std::shared_ptr<std::mutex> m) {
+  for (std::size_t at = 0; at < entries.size();) {
+    if (std::holds_alternative<job_row>(entries[at])) {
+      // A run of reports: in chunks, side by side, in order (deliver_owed).
+      std::vector<job_row> rows;
+      for (; at < entries.size() && std::holds_alternative<job_row>(entries[at]); ++at)
+        rows.push_back(std::move(std::get<job_row>(entries[at])));
+      co_await deliver_owed(owner, std::move(rows), rep, m);
+      continue;
     }
-    return notices;
-  };
-  auto notices = co_await receipts.offload(std::move(read));
-  if (!notices) {
-    auto w = "boot: pending receipts were not read: " + notices.error().message +
-             "; they stay pending for the next boot";
-    rep.jobs.warnings.push_back(w);
-    warn(w);
-    co_return;
-  }
-  for (auto& r : *notices) {
+    auto r = std::move(std::get<persistence::receipt>(entries[at++]));
     auto id = r.id;
     auto d = co_await delivery_->deliver(notice_batch(std::move(r), true));
-    if (d && *d > 0) ++rep.jobs.redelivered;
+    std::lock_guard lk(*m);
+    if (d && *d > 0) ++rep->jobs.redelivered;
     if (!d) {
       auto w = "boot: receipt " + id.str() + " was kept pending: " + d.error().message;
-      rep.jobs.warnings.push_back(w);
+      rep->jobs.warnings.push_back(w);
       warn(w);
     }
   }
@@ -648,7 +640,8 @@ awaitable<result<boot_report>> host::boot() {
   auto shared_rep = std::make_shared<boot_report>();
   auto rep_m = std::make_shared<std::mutex>();
   boot_report& rep = *shared_rep;
-  std::map<session_id, std::vector<job_row>> owed;  // terminal rows by parent, in order
+  std::map<std::string, job_row> owed;  // terminal rows with a parent, by task id
+  std::vector<std::string> owed_order;  // their ids, in the order read
   // Every field a decision below depends on validates before anything runs,
   // is delivered or is written.
   auto valid = co_await store_->validate();
@@ -665,11 +658,9 @@ awaitable<result<boot_report>> host::boot() {
   if (!settled)
     co_return error{settled.error().code, "refusing to boot: " + settled.error().message};
   rep.delegation = std::move(*settled);
-  // Phase 1, first half: every pending notice (an owned job's receipt,
-  // those of jobs that ended while the host was down included) is resent
-  // through the one delivery path, waking nobody; the owed reports follow
-  // below, once the running subagent rows are bound.
-  co_await resend_notices(rep);
+  // Phase 1 delivers every pending receipt (the notices of owned jobs that
+  // ended while the host was down included) below, once the running
+  // subagent rows are bound, each owner's in its outbox order.
   auto& store = *store_;
   auto read_sessions = [&store] { return store.sessions(); };
   auto sessions = co_await store.offload(read_sessions);
@@ -706,8 +697,9 @@ awaitable<result<boot_report>> host::boot() {
         TETHER_CRASH_POINT("boot.clear.after_commit");
         continue;
       }
-      auto parent = *row.parent;
-      owed[parent].push_back(std::move(row));
+      auto id = row.id.str();
+      owed_order.push_back(id);
+      owed.emplace(std::move(id), std::move(row));
       continue;
     }
     if (!row.child) continue;
@@ -754,8 +746,9 @@ awaitable<result<boot_report>> host::boot() {
       if (settled && settled->row_written && row.parent) {
         row.body = body;
         row.status = job_status::error;
-        auto parent = *row.parent;
-        owed[parent].push_back(std::move(row));
+        auto id = row.id.str();
+        owed_order.push_back(id);
+        owed.insert_or_assign(std::move(id), std::move(row));
       }
       continue;
     }
@@ -767,12 +760,51 @@ awaitable<result<boot_report>> host::boot() {
     }
   }
 
-  // Deliver the owed reports: parents side by side, each parent's in order.
-  if (!owed.empty()) {
-    auto left = std::make_shared<std::atomic<std::size_t>>(owed.size());
+  // Deliver every pending receipt through the one delivery path, owners
+  // side by side, each owner's in the outbox's order (each receipt's
+  // creation, then id), reports and notices interleaved as they were
+  // written: a notice wakes nobody, a report steers its parent as it would
+  // have live.
+  auto read_outbox = [&store] { return store.pending_receipts_with_kind(); };
+  auto pending = co_await store.offload(std::move(read_outbox));
+  if (!pending) {
+    auto w = "boot: pending receipts were not read: " + pending.error().message +
+             "; they stay pending for the next boot";
+    rep.warnings.push_back(w);
+    warn(w);
+    pending = std::vector<std::pair<persistence::receipt, std::string>>{};
+  }
+  std::map<session_id, std::vector<outbox_entry>> outbox;
+  for (auto& [r, kind] : *pending) {
+    if (kind == "subagent") {
+      // Its report, delivered with its row (a running child's started
+      // receipt, or a report the child's link drops, has none here).
+      auto it = owed.find(r.job.str());
+      if (it == owed.end() || r.transition == protocol::transition::started) continue;
+      auto parent = *it->second.parent;
+      outbox[parent].emplace_back(std::move(it->second));
+      owed.erase(it);
+    } else if (!kind.empty()) {
+      // Every other kind's (a shell's, a delegate's, a goal's): a notice.
+      auto owner = r.scope.thread;
+      outbox[owner].emplace_back(std::move(r));
+    }
+  }
+  // A row owed without its receipt among the pending ones (or all of them,
+  // if the receipts could not be read) still goes out, after its parent's
+  // other entries, in the order it was read.
+  for (auto& id : owed_order) {
+    auto it = owed.find(id);
+    if (it == owed.end()) continue;
+    auto parent = *it->second.parent;
+    outbox[parent].emplace_back(std::move(it->second));
+    owed.erase(it);
+  }
+  if (!outbox.empty()) {
+    auto left = std::make_shared<std::atomic<std::size_t>>(outbox.size());
     auto all_done = runtime::one_shot<int>::make();
-    for (auto& [parent, rows] : owed) {
-      auto task = deliver_owed(parent, std::move(rows), shared_rep, rep_m);
+    for (auto& [owner, entries] : outbox) {
+      auto task = deliver_outbox(owner, std::move(entries), shared_rep, rep_m);
       asio::co_spawn(pool_->next(), std::move(task), [left, all_done](std::exception_ptr) {
         if (--*left == 0) all_done->set(0);
       });

@@ -25,6 +25,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "tether/actors/agent.hpp"
@@ -286,12 +287,20 @@ class host {
   /// failure keeps the rows and never aborts the sweep.
   awaitable<void> deliver_owed(session_id parent, std::vector<persistence::job_row> rows,
                                std::shared_ptr<boot_report> rep, std::shared_ptr<std::mutex> m);
+  /// One entry of an owner's outbox at boot: a pending notice (the receipt
+  /// of any kind of task but a subagent) or an owed report (a subagent
+  /// task's terminal row, its receipt pending).
+  using outbox_entry = std::variant<persistence::receipt, persistence::job_row>;
+  /// Boot's sweep, phase 1, for one owner: its outbox in order (by each
+  /// receipt's creation, then id); runs of reports go through deliver_owed,
+  /// notices one at a time, waking nobody. A failure keeps what failed
+  /// pending and goes on.
+  awaitable<void> deliver_outbox(session_id owner, std::vector<outbox_entry> entries,
+                                 std::shared_ptr<boot_report> rep, std::shared_ptr<std::mutex> m);
   /// Boot, for a claimed child whose period was woken by its inbox: counts
   /// the resume; true when it may run again, false when its claim was kept
   /// (a failed write) or it ran out of resumes (an error report was settled
   /// and delivered in its place).
-  /// Boot's sweep, phase 1: resends every pending notice, waking nobody.
-  awaitable<void> resend_notices(boot_report& rep);
   awaitable<bool> resume_inbox_period(persistence::session_row s, boot_report& rep);
   /// The periodic retention sweep, started by boot (on pool_->at(0)); ends
   /// when shutdown cancels its timer.

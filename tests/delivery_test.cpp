@@ -143,3 +143,46 @@ TEST_CASE("admitting a report acknowledges its terminal receipt in the same tran
   CHECK(owed->empty());
   REQUIRE(f.inbox("parent").size() == 1);
 }
+
+TEST_CASE(
+    "a restart hands an owner its pending notices and owed reports in the order they were "
+    "written, interleaved",
+    "[delivery][recovery][regression]") {
+  report_fixture f("delivery_boot_order");
+  REQUIRE(f.sync(f.host->create_session("parent", session_id("parent"))));
+  auto early = ended_job(f, "parent");
+  f.write_owed_report("parent", "child");
+  auto late = ended_job(f, "parent");
+  f.close();
+  {
+    // The outbox's order is each receipt's creation time, then its id; the
+    // times are set apart here so that a coarse clock cannot tie them.
+    SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
+    SQLite::Statement at(db, "UPDATE receipts SET created_at = ? WHERE id = ?");
+    auto set_at = [&at](std::int64_t t, const std::string& id) {
+      at.bind(1, t);
+      at.bind(2, id);
+      REQUIRE(at.exec() == 1);
+      at.reset();
+    };
+    set_at(1000, early.id.str());
+    set_at(3000, late.id.str());
+    REQUIRE(db.exec("UPDATE receipts SET created_at = 2000 WHERE task_id = 'msg_owed' AND "
+                    "transition != 'started'") == 1);
+  }
+  f.open();
+  f.quiet();
+  auto inbox = f.inbox("parent");
+  REQUIRE(inbox.size() == 3);
+  CHECK(inbox[0].nid.str() == early.id.str());
+  CHECK(inbox[1].nid.str() == "msg_owed");
+  CHECK(inbox[2].nid.str() == late.id.str());
+  CHECK(f.boot.jobs.redelivered == 2);
+  CHECK(f.boot.delivered == 1);
+  // A second restart owes nothing and hands over nothing again.
+  f.restart();
+  f.quiet();
+  CHECK(f.inbox("parent").size() == 3);
+  CHECK(f.boot.jobs.redelivered == 0);
+  CHECK(f.boot.delivered == 0);
+}
