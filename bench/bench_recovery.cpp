@@ -20,13 +20,37 @@
 // Checks: one inbox row per report in the right parent's inbox, acknowledged
 // and in its transcript once; the admitted hook fired once per report; boot
 // counted them all delivered; the jobs table is empty. Prints "ok" 1 or 0.
+//
+// The raw baseline (issue 15, target 6: all admitted within 1.2x of it, boot
+// returned within 1.5x), measured in the same run on copies of the same
+// seeded file (built once, checkpointed and fsynced, so every run starts from
+// the same durable bytes): a plain SQLite program (SQLiteCpp, WAL,
+// synchronous=FULL, the runtime's other write-connection pragmas: foreign
+// keys, temp_store, cache_size; prepared statements) writing what admitting
+// the owed reports must durably write at minimum, as admit_in_tx writes it:
+// one SELECT of the owed rows (outstanding_jobs' WHERE and ORDER BY, only the
+// columns needed), each parent's rows together in the order read; per
+// transaction and parent, its seq and last admission order; per report, the
+// inbox row (INSERT OR IGNORE, the same columns and values) and its terminal
+// receipt pending -> acked (the same UPDATE). Timed from that SELECT to the
+// last COMMIT. raw_insert: 512 reports per transaction (deliver_owed's
+// chunk); raw_one_tx: one transaction for all, the disk's ceiling. It leaves
+// out what only the runtime does: opening the host, the other boot reads
+// (sessions, pending receipts), actors, mailboxes, the writer's queue and
+// its savepoints, the parents' wakes and drains. It checks its own counts
+// (every row read, inserted and acknowledged once) and exits 1 if they are
+// off. A summary JSON line per layout ends the output.
 #include <SQLiteCpp/Database.h>
 #include <SQLiteCpp/Statement.h>
+#include <fcntl.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <limits>
 
 #include "support.hpp"
 #include "tether/actors/host.hpp"
@@ -50,6 +74,7 @@ using protocol::session_id;
 constexpr char k_bench[] = "bench_recovery";
 constexpr std::size_t k_threads = 2;
 constexpr std::size_t k_reports = 100000;
+constexpr std::size_t k_chunk = 512;  // reports per admit in host::deliver_owed
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "bench_recovery: %s\n", what.c_str());
@@ -174,6 +199,32 @@ void build(const std::string& path, const layout& l) {
   auto r = runtime::run_to_completion(io, (*w)->write(std::move(name), 0, std::move(op)));
   if (!r) die("building the database failed: " + r.error().message);
   (*w)->stop();
+  w->reset();
+  // The whole database in the main file, so that a copy of it is all of it.
+  SQLite::Database db(path, SQLite::OPEN_READWRITE);
+  db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+}
+
+void fsync_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0 || ::fsync(fd) != 0) die("cannot fsync " + path);
+  ::close(fd);
+}
+
+// A run's own copy of the seeded file, on disk before it starts: a COMMIT or
+// checkpoint of the run must not pay for flushing the copy.
+void copy_db(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  if (std::filesystem::file_size(from + "-wal", ec) > 0 && !ec)
+    die(from + " still has a WAL after its checkpoint");
+  std::filesystem::copy_file(from, to, std::filesystem::copy_options::overwrite_existing, ec);
+  if (ec) die("copying " + from + " to " + to + ": " + ec.message());
+  fsync_file(to);
+}
+
+void remove_db(const std::string& path) {
+  std::error_code ec;
+  for (const char* side : {"", "-wal", "-shm"}) std::filesystem::remove(path + side, ec);
 }
 
 // A parent's agent takes no turn on a report.
@@ -267,9 +318,7 @@ bool check(const std::string& path, const layout& l, std::size_t hooks, int deli
   return ok;
 }
 
-outcome run(const std::string& dir, const layout& l) {
-  std::string path = dir + "/" + l.tag + ".db";
-  build(path, l);
+outcome run(const std::string& path, const layout& l) {
   auto counter = std::make_shared<admit_counter>();
   actors::host_options opts;
   opts.db_path = path;
@@ -317,6 +366,165 @@ void emit_run(const layout& l, const outcome& o) {
   bench::emit(k_bench, f + "_ok", o.ok ? 1 : 0, "bool");
 }
 
+// The raw baseline (see the header): what admitting the owed reports writes,
+// by a plain program, `chunk` reports per transaction.
+struct raw_outcome {
+  double seconds = 0;  // from the SELECT of the owed rows to the last COMMIT
+  double cpu = 0;
+  std::size_t transactions = 0;
+};
+
+raw_outcome raw_admit(const std::string& path, const layout& l, std::size_t chunk) {
+  const std::string what = "raw baseline (" + l.tag + ", " +
+                           (chunk == std::numeric_limits<std::size_t>::max()
+                                ? std::string("one transaction")
+                                : std::to_string(chunk) + " per transaction") +
+                           "): ";
+  SQLite::Database db(path, SQLite::OPEN_READWRITE);
+  db.exec("PRAGMA journal_mode = WAL");
+  db.exec("PRAGMA synchronous = FULL");
+  db.exec("PRAGMA foreign_keys = ON");
+  db.exec("PRAGMA temp_store = MEMORY");
+  db.exec("PRAGMA cache_size = -32768");
+  // outstanding_jobs: running rows and rows whose terminal receipt is pending.
+  SQLite::Statement owed(db,
+                         "SELECT id, notification_id, parent_id, child_id, body, state FROM tasks "
+                         "WHERE kind = 'subagent' AND (state IN ('admitted', 'running') OR id IN "
+                         "(SELECT task_id FROM receipts WHERE state = 'pending' AND "
+                         "transition != 'started')) ORDER BY created_at, id");
+  SQLite::Statement seq_of(db, "SELECT seq FROM sessions WHERE id = ?");
+  SQLite::Statement last_ord(
+      db, "SELECT coalesce(max(admitted_ord), 0) FROM inbox WHERE session_id = ?");
+  SQLite::Statement admit(db,
+                          "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
+                          "from_session, body, admitted_seq, admitted_at, admitted_ord) VALUES "
+                          "(?, ?, ?, ?, ?, ?, ?)");
+  SQLite::Statement acked(db,
+                          "UPDATE receipts SET state = 'acked', updated_at = ? WHERE state = "
+                          "'pending' AND transition != 'started' AND task_id IN (SELECT id FROM "
+                          "tasks WHERE notification_id = ? AND state != 'running')");
+  struct owed_row {
+    std::string nid, parent, child, body;
+  };
+  std::vector<owed_row> rows;
+  std::size_t running = 0, inserted = 0, acknowledged = 0;
+  raw_outcome o;
+  double cpu0 = cpu_seconds();
+  auto t0 = clock::now();
+  while (owed.executeStep()) {
+    auto state = owed.getColumn(5).getString();
+    if (state == "admitted" || state == "running") {
+      ++running;  // owes nothing yet
+      continue;
+    }
+    rows.push_back({owed.getColumn(1).getString(), owed.getColumn(2).getString(),
+                    owed.getColumn(3).getString(), owed.getColumn(4).getString()});
+  }
+  owed.reset();
+  // Each parent's reports together, in the order read (the outbox's order).
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const owed_row& a, const owed_row& b) { return a.parent < b.parent; });
+  for (std::size_t at = 0; at < rows.size();) {
+    std::size_t end = at + std::min(chunk, rows.size() - at);
+    db.exec("BEGIN IMMEDIATE");
+    auto now = runtime::now_ms();
+    const std::string* parent = nullptr;
+    std::int64_t at_seq = 0, ord = 0;
+    for (; at < end; ++at) {
+      const auto& r = rows[at];
+      if (!parent || *parent != r.parent) {
+        // The parent's seq and its last admission order, as each admit reads them.
+        parent = &r.parent;
+        seq_of.reset();
+        seq_of.bind(1, r.parent);
+        if (!seq_of.executeStep()) die(what + "parent '" + r.parent + "' is not in sessions");
+        at_seq = seq_of.getColumn(0).getInt64();
+        seq_of.reset();
+        last_ord.reset();
+        last_ord.bind(1, r.parent);
+        last_ord.executeStep();
+        ord = last_ord.getColumn(0).getInt64();
+        last_ord.reset();
+      }
+      admit.reset();
+      admit.bind(1, r.parent);
+      admit.bind(2, r.nid);
+      admit.bind(3, r.child);
+      admit.bind(4, r.body);
+      admit.bind(5, at_seq);
+      admit.bind(6, now);
+      admit.bind(7, ++ord);
+      inserted += static_cast<std::size_t>(admit.exec());
+      acked.reset();
+      acked.bind(1, now);
+      acked.bind(2, r.nid);
+      acknowledged += static_cast<std::size_t>(acked.exec());
+    }
+    db.exec("COMMIT");
+    ++o.transactions;
+  }
+  o.seconds = bench::seconds_since(t0);
+  o.cpu = cpu_seconds() - cpu0;
+
+  auto n = l.reports();
+  auto count = [&db](const char* sql) {
+    return static_cast<std::size_t>(db.execAndGet(sql).getInt64());
+  };
+  auto expect = [&](const std::string& name, std::size_t got, std::size_t want) {
+    if (got != want)
+      die(what + std::to_string(got) + " " + name + ", expected " + std::to_string(want));
+  };
+  expect("running rows read", running, 0);
+  expect("owed rows read", rows.size(), n);
+  expect("inbox rows inserted", inserted, n);
+  expect("receipts acknowledged", acknowledged, n);
+  expect("inbox rows on disk", count("SELECT count(*) FROM inbox"), n);
+  expect("distinct reports in the inbox",
+         count("SELECT count(DISTINCT notification_id) FROM inbox"), n);
+  expect("terminal receipts acked on disk",
+         count("SELECT count(*) FROM receipts WHERE transition != 'started' AND state = 'acked'"),
+         n);
+  expect("terminal receipts still pending",
+         count("SELECT count(*) FROM receipts WHERE transition != 'started' AND "
+               "state = 'pending'"),
+         0);
+  return o;
+}
+
+void emit_raw(const layout& l, const outcome& o, const raw_outcome& raw,
+              const raw_outcome& one_tx) {
+  const std::string f = l.tag;
+  bench::emit(k_bench, f + "_raw_insert_s", raw.seconds, "s");
+  bench::emit(k_bench, f + "_raw_insert_cpu_s", raw.cpu, "s");
+  bench::emit(k_bench, f + "_raw_insert_transactions", static_cast<double>(raw.transactions),
+              "transactions");
+  bench::emit(k_bench, f + "_raw_one_tx_s", one_tx.seconds, "s");
+  bench::emit(k_bench, f + "_raw_one_tx_cpu_s", one_tx.cpu, "s");
+  bench::emit(k_bench, f + "_all_admitted_vs_raw", o.all_admitted / raw.seconds, "ratio");
+  bench::emit(k_bench, f + "_boot_returned_vs_raw", o.boot_returned / raw.seconds, "ratio");
+}
+
+// The layout's closing line: the runtime's figures beside the raw baseline's.
+void print_summary(const layout& l, const outcome& o, const raw_outcome& raw,
+                   const raw_outcome& one_tx) {
+  using bench::number;
+  auto n = static_cast<double>(l.reports());
+  double admitted_vs = o.all_admitted / raw.seconds, boot_vs = o.boot_returned / raw.seconds;
+  std::printf(
+      "{\"bench\":\"recovery\",\"layout\":\"%s\",\"parents\":%zu,\"children\":%zu,"
+      "\"reports\":%zu,\"sync\":\"full\",\"chunk\":%zu,\"all_admitted_s\":%s,"
+      "\"boot_returned_s\":%s,\"quiescent_s\":%s,\"raw_insert_s\":%s,\"raw_one_tx_s\":%s,"
+      "\"cpu_us_per_report\":%s,\"raw_cpu_us_per_report\":%s,\"all_admitted_vs_raw\":%s,"
+      "\"boot_returned_vs_raw\":%s,\"targets\":{\"all_admitted_vs_raw\":1.2,"
+      "\"boot_returned_vs_raw\":1.5},\"target_met\":%s,\"ok\":%s}\n",
+      l.tag.c_str(), l.parents, l.children, l.reports(), k_chunk, number(o.all_admitted).c_str(),
+      number(o.boot_returned).c_str(), number(o.quiescent).c_str(), number(raw.seconds).c_str(),
+      number(one_tx.seconds).c_str(), number(o.cpu * 1e6 / n).c_str(),
+      number(raw.cpu * 1e6 / n).c_str(), number(admitted_vs).c_str(), number(boot_vs).c_str(),
+      admitted_vs <= 1.2 && boot_vs <= 1.5 ? "true" : "false", o.ok ? "true" : "false");
+  std::fflush(stdout);
+}
+
 std::string make_temp_dir() {
   std::string tmpl =
       (std::filesystem::temp_directory_path() / "tether-bench-recovery-XXXXXX").string();
@@ -339,12 +547,34 @@ int main(int argc, char** argv) {
     layouts.push_back({"parents_1", 1, k_reports});
   }
   bool ok = true;
+  struct measured {
+    outcome o;
+    raw_outcome raw, one_tx;
+  };
+  std::vector<measured> results;
   for (auto& l : layouts) {
-    auto o = run(dir, l);
-    emit_run(l, o);
-    ok = ok && o.ok;
+    // One seeded file; the runtime and each raw run get their own copy of it.
+    std::string seed = dir + "/" + l.tag + ".seed.db", path = dir + "/" + l.tag + ".db";
+    build(seed, l);
+    measured m;
+    copy_db(seed, path);
+    m.o = run(path, l);
+    remove_db(path);
+    emit_run(l, m.o);
+    copy_db(seed, path);
+    m.raw = raw_admit(path, l, k_chunk);
+    remove_db(path);
+    copy_db(seed, path);
+    m.one_tx = raw_admit(path, l, std::numeric_limits<std::size_t>::max());
+    remove_db(path);
+    remove_db(seed);
+    emit_raw(l, m.o, m.raw, m.one_tx);
+    results.push_back(m);
+    ok = ok && m.o.ok;
   }
   bench::emit(k_bench, "ok", ok ? 1 : 0, "bool");
+  for (std::size_t i = 0; i < layouts.size(); ++i)
+    print_summary(layouts[i], results[i].o, results[i].raw, results[i].one_tx);
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   return ok ? 0 : 1;

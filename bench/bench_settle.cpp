@@ -60,6 +60,7 @@
 #include "host_support.hpp"
 #include "support.hpp"
 #include "tether/actors/host.hpp"
+#include "tether/persistence/database.hpp"
 #include "tether/persistence/task_store.hpp"
 #include "tether/runtime/clock.hpp"
 #include "tether/runtime/sync_wait.hpp"
@@ -483,6 +484,255 @@ double raw_sqlite_one_tx(const std::string& path, double seconds) {
   return static_cast<double>(n) / bench::seconds_since(t0);
 }
 
+// The raw same-rows baseline (issue 15, target 1): a plain program on the
+// runtime's own schema and connection settings (persistence::open_for_write:
+// WAL, synchronous=FULL, the same migrations), with prepared statements,
+// writing exactly the rows and reads the runtime's busy periods write, in
+// the order the runtime writes them, `batch` busy periods per transaction:
+//   child prompt: sessions.seq + 1, a messages row (append)
+//   claim: sessions busy, turn, time_suspended (begin_busy)
+//   child answer: sessions.seq + 1, a messages row (append)
+//   settle: sessions idle; the report's task row; the receipt's scope
+//     lookups (started receipt, parent's tenant and turn); its pending
+//     terminal receipt (settle, mint_none)
+//   parent admit: the parent's seq and last admission order; the inbox row;
+//     the receipt pending -> acked (admit_in_tx)
+//   parent drain: per report, the receipt lookup, inbox row acked,
+//     sessions.seq + 1 and a messages row (take_inbox); once per
+//     transaction, the pending-inbox read and the parent's claim and
+//     release (its busy period).
+// What it leaves out is what only a runtime does: actors, mailboxes,
+// coroutines, the writer's queue and group commit, rendering and scrubbing.
+struct raw_figures {
+  double periods_per_s = 0;
+  double cpu_us_per_period = 0;
+  std::size_t transactions = 0;
+};
+
+raw_figures raw_same_rows(const std::string& path, std::size_t children, std::size_t periods,
+                          std::size_t batch) {
+  persistence::db_options o;
+  o.path = path;
+  o.create = true;
+  auto opened = persistence::open_for_write(o);
+  if (!opened) die("raw baseline: " + opened.error().message);
+  SQLite::Database& db = **opened;
+  auto now = [] { return runtime::now_ms(); };
+  const std::string parent = "raw_parent";
+  SQLite::Statement mk(db,
+                       "INSERT INTO sessions (id, parent_id, description, agent, status, "
+                       "created_at, tenant, job_notify, job_policy, depth) VALUES (?, ?, "
+                       "'Audit routes', 'general', 'idle', ?, 'default', 1, ?, ?)");
+  auto make_session = [&](const std::string& id, const std::string* par) {
+    mk.reset();
+    mk.bind(1, id);
+    if (par)
+      mk.bind(2, *par);
+    else
+      mk.bind(2);
+    mk.bind(3, now());
+    mk.bind(4, par ? "report_now" : "withhold");
+    mk.bind(5, par ? 1 : 0);
+    mk.exec();
+  };
+  db.exec("BEGIN");
+  make_session(parent, nullptr);
+  std::vector<std::string> kids;
+  for (std::size_t c = 0; c < children; ++c) {
+    kids.push_back("raw_child_" + std::to_string(c));
+    make_session(kids.back(), &parent);
+  }
+  db.exec("UPDATE sessions SET turn = 'turn_raw' WHERE id = 'raw_parent'");
+  db.exec("COMMIT");
+
+  SQLite::Statement bump(db, "UPDATE sessions SET seq = seq + 1 WHERE id = ? RETURNING seq");
+  SQLite::Statement msg(db,
+                        "INSERT INTO messages (session_id, seq, role, kind, status, payload) "
+                        "VALUES (?, ?, ?, ?, 'completed', ?)");
+  SQLite::Statement claim(db,
+                          "UPDATE sessions SET status = 'busy', turn = CASE WHEN time_suspended "
+                          "IS NULL OR turn IS NULL THEN ? ELSE turn END, time_suspended = "
+                          "coalesce(time_suspended, ?) WHERE id = ? RETURNING seq, "
+                          "input_cursor, turn");
+  SQLite::Statement idle(db,
+                         "UPDATE sessions SET status = 'idle', time_suspended = NULL, "
+                         "resume_attempts = 0, idle_outcome = 'completed', time_idle = ?, "
+                         "input_cursor = max(input_cursor, ?) WHERE id = ?");
+  SQLite::Statement task(db,
+                         "INSERT INTO tasks (id, notification_id, kind, mode, parent_id, "
+                         "child_id, generation, state, body, payload, created_at, updated_at, "
+                         "goal_id) VALUES (?, ?, 'subagent', 'none', ?, ?, 0, 'completed', ?, "
+                         "?, ?, ?, NULL)");
+  SQLite::Statement started(db,
+                            "SELECT scope FROM receipts WHERE task_id = ? AND transition = "
+                            "'started'");
+  SQLite::Statement scope(db, "SELECT tenant, turn FROM sessions WHERE id = ?");
+  SQLite::Statement receipt(db,
+                            "INSERT OR IGNORE INTO receipts (id, task_id, transition, scope, "
+                            "body, state, created_at, updated_at) VALUES (?, ?, 'completed', ?, "
+                            "?, 'pending', ?, ?)");
+  SQLite::Statement seq_of(db, "SELECT seq FROM sessions WHERE id = ?");
+  SQLite::Statement last_ord(
+      db, "SELECT coalesce(max(admitted_ord), 0) FROM inbox WHERE session_id = ?");
+  SQLite::Statement admit(db,
+                          "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
+                          "from_session, body, admitted_seq, admitted_at, admitted_ord) VALUES "
+                          "(?, ?, ?, ?, ?, ?, ?)");
+  SQLite::Statement acked(db,
+                          "UPDATE receipts SET state = 'acked', updated_at = ? WHERE state = "
+                          "'pending' AND transition != 'started' AND task_id IN (SELECT id FROM "
+                          "tasks WHERE notification_id = ? AND state != 'running')");
+  SQLite::Statement pending(db,
+                            "SELECT notification_id, body FROM inbox WHERE session_id = ? AND "
+                            "state = 'pending' ORDER BY admitted_ord, notification_id");
+  SQLite::Statement receipt_state(db, "SELECT state FROM receipts WHERE id = ?");
+  SQLite::Statement inbox_ack(db,
+                              "UPDATE inbox SET state = 'acked' WHERE session_id = ? AND "
+                              "notification_id = ?");
+
+  auto append = [&](const std::string& session, const char* role, const char* kind,
+                    const std::string& payload) {
+    bump.reset();
+    bump.bind(1, session);
+    if (!bump.executeStep()) die("raw baseline: no session " + session);
+    auto seq = bump.getColumn(0).getInt64();
+    bump.reset();
+    msg.reset();
+    msg.bind(1, session);
+    msg.bind(2, seq);
+    msg.bind(3, role);
+    msg.bind(4, kind);
+    msg.bind(5, payload);
+    msg.exec();
+    return seq;
+  };
+  const std::string prompt = R"({"text":"again"})";
+  const std::string answer = R"({"text":"final answer"})";
+  const std::string body(160, 'r');  // a rendered report's size, about
+  const std::string job_payload = R"({"description":"Audit routes"})";
+  std::size_t serial = 0, admitted_rows = 0, transcript_rows = 0;
+  raw_figures f;
+  double cpu0 = cpu_seconds();
+  auto t0 = clock::now();
+  for (std::size_t done = 0; done < periods;) {
+    std::size_t n = std::min(batch, periods - done);
+    db.exec("BEGIN");
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto& child = kids[(done + i) % kids.size()];
+      auto nid = "msg_raw_" + std::to_string(++serial);
+      append(child, "user", "prompt", prompt);
+      claim.reset();
+      claim.bind(1, "turn_" + std::to_string(serial));
+      claim.bind(2, now());
+      claim.bind(3, child);
+      if (!claim.executeStep()) die("raw baseline: no claim");
+      auto cursor = claim.getColumn(0).getInt64();
+      claim.reset();
+      append(child, "assistant", "answer", answer);
+      auto t = now();
+      idle.reset();
+      idle.bind(1, t);
+      idle.bind(2, cursor + 1);
+      idle.bind(3, child);
+      idle.exec();
+      task.reset();
+      task.bind(1, nid);
+      task.bind(2, nid);
+      task.bind(3, parent);
+      task.bind(4, child);
+      task.bind(5, body);
+      task.bind(6, job_payload);
+      task.bind(7, t);
+      task.bind(8, t);
+      task.exec();
+      started.reset();
+      started.bind(1, nid);
+      (void)started.executeStep();
+      started.reset();
+      scope.reset();
+      scope.bind(1, parent);
+      if (!scope.executeStep()) die("raw baseline: no parent scope");
+      auto scope_json = R"({"tenant":")" + scope.getColumn(0).getString() + R"(","thread":")" +
+                        parent + R"(","turn":")" + scope.getColumn(1).getString() + R"("})";
+      scope.reset();
+      receipt.reset();
+      receipt.bind(1, nid + "/completed");
+      receipt.bind(2, nid);
+      receipt.bind(3, scope_json);
+      receipt.bind(4, body);
+      receipt.bind(5, t);
+      receipt.bind(6, t);
+      receipt.exec();
+      seq_of.reset();
+      seq_of.bind(1, parent);
+      if (!seq_of.executeStep()) die("raw baseline: no parent");
+      auto at_seq = seq_of.getColumn(0).getInt64();
+      seq_of.reset();
+      last_ord.reset();
+      last_ord.bind(1, parent);
+      last_ord.executeStep();
+      auto ord = last_ord.getColumn(0).getInt64();
+      last_ord.reset();
+      admit.reset();
+      admit.bind(1, parent);
+      admit.bind(2, nid);
+      admit.bind(3, child);
+      admit.bind(4, body);
+      admit.bind(5, at_seq);
+      admit.bind(6, t);
+      admit.bind(7, ord + 1);
+      admitted_rows += static_cast<std::size_t>(admit.exec());
+      acked.reset();
+      acked.bind(1, t);
+      acked.bind(2, nid);
+      if (acked.exec() != 1) die("raw baseline: the receipt was not acknowledged");
+    }
+    // The parent's busy period: claim, drain what is pending, release.
+    claim.reset();
+    claim.bind(1, "turn_raw_parent");
+    claim.bind(2, now());
+    claim.bind(3, parent);
+    if (!claim.executeStep()) die("raw baseline: no parent claim");
+    auto parent_cursor = claim.getColumn(0).getInt64();
+    claim.reset();
+    std::vector<std::pair<std::string, std::string>> items;
+    pending.reset();
+    pending.bind(1, parent);
+    while (pending.executeStep())
+      items.emplace_back(pending.getColumn(0).getString(), pending.getColumn(1).getString());
+    pending.reset();
+    for (auto& [nid, text] : items) {
+      receipt_state.reset();
+      receipt_state.bind(1, nid);
+      (void)receipt_state.executeStep();
+      receipt_state.reset();
+      inbox_ack.reset();
+      inbox_ack.bind(1, parent);
+      inbox_ack.bind(2, nid);
+      inbox_ack.exec();
+      append(parent, "user", "report", R"({"text":")" + text + R"("})");
+      ++transcript_rows;
+    }
+    idle.reset();
+    idle.bind(1, now());
+    idle.bind(2, parent_cursor + static_cast<std::int64_t>(items.size()));
+    idle.bind(3, parent);
+    idle.exec();
+    db.exec("COMMIT");
+    ++f.transactions;
+    done += n;
+  }
+  double secs = bench::seconds_since(t0);
+  double cpu = cpu_seconds() - cpu0;
+  if (admitted_rows != periods || transcript_rows != periods)
+    die("raw baseline: " + std::to_string(admitted_rows) + " admitted and " +
+        std::to_string(transcript_rows) + " transcript rows for " + std::to_string(periods) +
+        " busy periods");
+  f.periods_per_s = static_cast<double>(periods) / secs;
+  f.cpu_us_per_period = cpu * 1e6 / static_cast<double>(periods);
+  return f;
+}
+
 std::string make_temp_dir() {
   std::string tmpl =
       (std::filesystem::temp_directory_path() / "tether-bench-settle-XXXXXX").string();
@@ -528,6 +778,41 @@ int main(int argc, char** argv) {
     bench::emit(k_bench, "group_commit_100_parents_ratio", sp.rate() / b.rate(),
                 "group/one_tx_per_settle");
     bench::emit(k_bench, "raw_sqlite_one_tx_after", raw_sqlite_one_tx(raw, 1.0), "commits/s");
+    // The raw same-rows baseline, batches of 1, 10, 100 and 1,000 busy
+    // periods per transaction, each on a fresh database of the same schema.
+    std::map<std::size_t, raw_figures> raws;
+    for (auto [batch, periods] :
+         {std::pair<std::size_t, std::size_t>{1, 400}, {10, 4000}, {100, 20000}, {1000, 40000}}) {
+      auto path = dir + "/raw_rows_" + std::to_string(batch) + ".db";
+      auto r = raw_same_rows(path, group.children, periods, batch);
+      auto f = "raw_same_rows_batch" + std::to_string(batch);
+      bench::emit(k_bench, f, r.periods_per_s, "periods/s");
+      bench::emit(k_bench, f + "_cpu_us_per_period", r.cpu_us_per_period, "us");
+      raws[batch] = r;
+    }
+    const auto& ceiling = raws[1000];
+    double rate_ratio = g.rate() / ceiling.periods_per_s;
+    double cpu_per_report = g.cpu * 1e6 / static_cast<double>(std::max<std::size_t>(1, g.reports));
+    double cpu_ratio = cpu_per_report / ceiling.cpu_us_per_period;
+    bench::emit(k_bench, "group_commit_vs_raw_same_rows", rate_ratio, "reports/s / periods/s");
+    bench::emit(k_bench, "group_commit_cpu_vs_raw_same_rows", cpu_ratio, "us / us");
+    std::printf(
+        "{\"bench\":\"settle\",\"sync\":\"full\",\"reports_per_s\":%s,"
+        "\"raw_same_rows_per_s\":{\"1\":%s,\"10\":%s,\"100\":%s,\"1000\":%s},"
+        "\"vs_raw_1000\":%s,\"cpu_us_per_report\":%s,\"raw_cpu_us_per_period_1000\":%s,"
+        "\"cpu_vs_raw_1000\":%s,\"p50_ms\":%s,\"p99_ms\":%s,\"rate_target_met\":%s,"
+        "\"cpu_target_met\":%s,\"ok\":%s}\n",
+        bench::number(g.rate()).c_str(), bench::number(raws[1].periods_per_s).c_str(),
+        bench::number(raws[10].periods_per_s).c_str(),
+        bench::number(raws[100].periods_per_s).c_str(),
+        bench::number(ceiling.periods_per_s).c_str(), bench::number(rate_ratio).c_str(),
+        bench::number(cpu_per_report).c_str(), bench::number(ceiling.cpu_us_per_period).c_str(),
+        bench::number(cpu_ratio).c_str(),
+        bench::number(bench::percentile(g.settle_to_admit_ms, 50)).c_str(),
+        bench::number(bench::percentile(g.settle_to_admit_ms, 99)).c_str(),
+        rate_ratio >= 1.0 ? "true" : "false", cpu_ratio <= 1.5 ? "true" : "false",
+        g.ok ? "true" : "false");
+    std::fflush(stdout);
     ok = g.ok && b.ok && sp.ok;
   }
   bench::emit(k_bench, "ok", ok ? 1 : 0, "bool");
