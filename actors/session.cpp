@@ -798,6 +798,7 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     // Acknowledge: admitted reports move into the transcript. Skipped when
     // nothing was admitted since the last look.
     receipt_admitted_ = false;  // this drain takes what was admitted so far
+    bool inbox_left = false;    // a bounded take left rows for the next drain
     if (inbox_dirty_) {
       inbox_dirty_ = false;
       TETHER_CRASH_POINT("report.drain.before_ack");
@@ -806,7 +807,8 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
         inbox_dirty_ = true;
         host_.warn("session " + id().str() + ": " + taken.error().message);
       }
-      if (taken && !taken->empty()) TETHER_CRASH_POINT("report.drain.after_ack");
+      if (taken && !taken->messages.empty()) TETHER_CRASH_POINT("report.drain.after_ack");
+      if (taken && taken->more) inbox_dirty_ = inbox_left = true;
     }
     drain_input in;
     in.drain_index = drain_index;
@@ -885,7 +887,9 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self) {
     // A receipt admitted since this drain began (its job has left the live
     // set by now, or soon) may have its wake still in the mailbox: it belongs
     // to this turn, so drain it now rather than in a period of its own.
-    if (!pending_ && receipt_admitted_ && !row_.revert_staged) pending_ = wake_scope::steer;
+    // So do the rows a bounded take left in the inbox.
+    if (!pending_ && (receipt_admitted_ || inbox_left) && !row_.revert_staged)
+      pending_ = wake_scope::steer;
     if (interrupted_ || stopping_ || !pending_) break;
   }
   // Stopping a turn cancels exactly the jobs it owns, confirmed stopped,

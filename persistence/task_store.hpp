@@ -534,9 +534,18 @@ class task_store : public task_reader {
   /// outbox) are acknowledged; the terminal rows stay. `delivered` false:
   /// nobody is owed them any more (their receipts are dropped).
   awaitable<result<void>> complete(std::vector<notification_id> nids, bool delivered = true);
-  /// Moves pending inbox rows into the transcript and acknowledges them, in
-  /// one transaction. Returns the appended messages.
-  awaitable<result<std::vector<message_row>>> take_inbox(session_id s);
+  /// What one take_inbox moved: the appended messages, and whether pending
+  /// rows were left for the next take.
+  struct inbox_take {
+    std::vector<message_row> messages;
+    bool more = false;
+  };
+  /// The most inbox rows one take_inbox moves: a transaction stays bounded
+  /// however many reports wait (a parent owed 100,000 takes them in turns).
+  static constexpr std::size_t k_take_limit = 1024;
+  /// Moves the oldest pending inbox rows, at most `limit`, into the
+  /// transcript and acknowledges them, in one transaction.
+  awaitable<result<inbox_take>> take_inbox(session_id s, std::size_t limit = k_take_limit);
   awaitable<result<void>> set_revert(session_id s, bool staged);
   /// Whether the session's turns may launch background jobs, and what a turn
   /// does while its jobs run ("withhold" or "report_now").

@@ -1,5 +1,7 @@
 #include <SQLiteCpp/Statement.h>
 
+#include <algorithm>
+
 #include "tether/persistence/task_store.hpp"
 #include "tether/persistence/task_transitions.hpp"
 #include "tether/protocol/json.hpp"
@@ -522,19 +524,28 @@ awaitable<result<void>> task_store::complete(std::vector<notification_id> nids, 
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
-awaitable<result<std::vector<message_row>>> task_store::take_inbox(session_id s) {
+awaitable<result<task_store::inbox_take>> task_store::take_inbox(session_id s, std::size_t limit) {
   auto name = "acknowledge inbox of " + s.str();
-  auto fn = [s = std::move(s)](SQLite::Database& db) {
+  limit = std::max<std::size_t>(1, limit);
+  auto fn = [s = std::move(s), limit](SQLite::Database& db) {
     std::vector<std::pair<std::string, std::string>> pending;  // nid, body
+    inbox_take out;
     {
+      // One row past the limit says whether any is left.
       auto& q = cached_statement(db,
                                  "SELECT notification_id, body FROM inbox WHERE session_id = ? AND "
-                                 "state = 'pending' ORDER BY admitted_ord, notification_id");
+                                 "state = 'pending' ORDER BY admitted_ord, notification_id "
+                                 "LIMIT ?");
       q.bind(1, s.str());
+      q.bind(2, static_cast<std::int64_t>(limit) + 1);
       while (q.executeStep())
         pending.emplace_back(q.getColumn(0).getString(), q.getColumn(1).getString());
+      q.reset();
     }
-    std::vector<message_row> out;
+    if (pending.size() > limit) {
+      pending.pop_back();
+      out.more = true;
+    }
     for (auto& [nid, body] : pending) {
       // A job receipt: acknowledged here (an idle session's receipt is
       // acknowledged once processed), unless its owner already read the
@@ -562,7 +573,7 @@ awaitable<result<std::vector<message_row>>> task_store::take_inbox(session_id s)
       if (!show) continue;
       message_row m{0, "user", receipt ? "notice" : "report", "completed", body};
       m.seq = append_in_tx(db, s.str(), m.role, m.kind, m.status, body);
-      out.push_back(std::move(m));
+      out.messages.push_back(std::move(m));
     }
     return out;
   };

@@ -74,3 +74,43 @@ TEST_CASE("an inbox hands a notice over by waking its idle session", "[inbox]") 
   REQUIRE(inbox.size() == 1);
   CHECK(inbox[0].acked);
 }
+
+TEST_CASE(
+    "a session owed more reports than one take moves drains them all, in order, a bounded take "
+    "per drain",
+    "[inbox][regression]") {
+  report_fixture f("inbox_bounded_take");
+  // Every drain's report inputs, in the order the agent saw them.
+  auto drains = std::make_shared<std::vector<std::vector<std::string>>>();
+  f.code("parent")->fn = [drains](agent_context&, drain_input in) -> boost::asio::awaitable<void> {
+    std::vector<std::string> reports;
+    for (auto& i : in.inputs)
+      if (i.kind == "report") reports.push_back(i.text);
+    drains->push_back(std::move(reports));
+    co_return;
+  };
+  REQUIRE(f.sync(f.host->create_session("parent", session_id("parent"))));
+  const std::size_t limit = persistence::task_store::k_take_limit;
+  const std::size_t n = limit + 5;
+  actors::delivery_batch b;
+  b.owner = session_id("parent");
+  for (std::size_t i = 0; i < n; ++i)
+    b.items.push_back({protocol::notification_id("msg_" + std::to_string(100000 + i)), std::nullopt,
+                       std::nullopt, "report " + std::to_string(i)});
+  auto handed = f.sync(f.host->delivery().deliver(std::move(b)));
+  REQUIRE(handed);
+  REQUIRE(*handed == static_cast<int>(n));
+  f.quiet();
+
+  std::vector<std::string> seen;
+  std::size_t largest = 0;
+  for (auto& d : *drains) {
+    largest = std::max(largest, d.size());
+    seen.insert(seen.end(), d.begin(), d.end());
+  }
+  CHECK(largest <= limit);  // no transaction moved more than one take's worth
+  REQUIRE(seen.size() == n);
+  for (std::size_t i = 0; i < n; ++i) CHECK(seen[i] == "report " + std::to_string(i));
+  for (auto& row : f.inbox("parent")) CHECK(row.acked);
+  CHECK(count_in_transcript(f, "parent", "report ") == static_cast<int>(n));
+}

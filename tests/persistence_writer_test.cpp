@@ -386,7 +386,8 @@ TEST_CASE("one admit batch enters the inbox in outbox order, not notification id
   auto taken = test::run(store.take_inbox(session_id("parent")));
   REQUIRE(taken);
   std::vector<std::string> bodies;
-  for (auto& m : *taken) bodies.push_back(m.text);
+  for (auto& m : taken->messages) bodies.push_back(m.text);
+  CHECK_FALSE(taken->more);
   CHECK(bodies == std::vector<std::string>{"third by name", "first by name", "second by name",
                                            "before all by name"});
 }
