@@ -52,6 +52,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "raw_admit.hpp"
 #include "support.hpp"
 #include "tether/actors/host.hpp"
 #include "tether/persistence/task_store.hpp"
@@ -392,17 +393,7 @@ raw_outcome raw_admit(const std::string& path, const layout& l, std::size_t chun
                          "WHERE kind = 'subagent' AND (state IN ('admitted', 'running') OR id IN "
                          "(SELECT task_id FROM receipts WHERE state = 'pending' AND "
                          "transition != 'started')) ORDER BY created_at, id");
-  SQLite::Statement seq_of(db, "SELECT seq FROM sessions WHERE id = ?");
-  SQLite::Statement last_ord(
-      db, "SELECT coalesce(max(admitted_ord), 0) FROM inbox WHERE session_id = ?");
-  SQLite::Statement admit(db,
-                          "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
-                          "from_session, body, admitted_seq, admitted_at, admitted_ord) VALUES "
-                          "(?, ?, ?, ?, ?, ?, ?)");
-  SQLite::Statement acked(db,
-                          "UPDATE receipts SET state = 'acked', updated_at = ? WHERE state = "
-                          "'pending' AND transition != 'started' AND task_id IN (SELECT id FROM "
-                          "tasks WHERE notification_id = ? AND state != 'running')");
+  bench::raw_admit admits(db);
   struct owed_row {
     std::string nid, parent, child, body;
   };
@@ -433,32 +424,12 @@ raw_outcome raw_admit(const std::string& path, const layout& l, std::size_t chun
     for (; at < end; ++at) {
       const auto& r = rows[at];
       if (!parent || *parent != r.parent) {
-        // The parent's seq and its last admission order, as each admit reads them.
         parent = &r.parent;
-        seq_of.reset();
-        seq_of.bind(1, r.parent);
-        if (!seq_of.executeStep()) die(what + "parent '" + r.parent + "' is not in sessions");
-        at_seq = seq_of.getColumn(0).getInt64();
-        seq_of.reset();
-        last_ord.reset();
-        last_ord.bind(1, r.parent);
-        last_ord.executeStep();
-        ord = last_ord.getColumn(0).getInt64();
-        last_ord.reset();
+        if (!admits.position(r.parent, at_seq, ord))
+          die(what + "parent '" + r.parent + "' is not in sessions");
       }
-      admit.reset();
-      admit.bind(1, r.parent);
-      admit.bind(2, r.nid);
-      admit.bind(3, r.child);
-      admit.bind(4, r.body);
-      admit.bind(5, at_seq);
-      admit.bind(6, now);
-      admit.bind(7, ++ord);
-      inserted += static_cast<std::size_t>(admit.exec());
-      acked.reset();
-      acked.bind(1, now);
-      acked.bind(2, r.nid);
-      acknowledged += static_cast<std::size_t>(acked.exec());
+      inserted += static_cast<std::size_t>(
+          admits.admit(r.parent, r.nid, r.child, r.body, at_seq, now, ++ord, acknowledged));
     }
     db.exec("COMMIT");
     ++o.transactions;

@@ -58,6 +58,7 @@
 #include <unordered_map>
 
 #include "host_support.hpp"
+#include "raw_admit.hpp"
 #include "support.hpp"
 #include "tether/actors/host.hpp"
 #include "tether/persistence/database.hpp"
@@ -571,17 +572,7 @@ raw_figures raw_same_rows(const std::string& path, std::size_t children, std::si
                             "INSERT OR IGNORE INTO receipts (id, task_id, transition, scope, "
                             "body, state, created_at, updated_at) VALUES (?, ?, 'completed', ?, "
                             "?, 'pending', ?, ?)");
-  SQLite::Statement seq_of(db, "SELECT seq FROM sessions WHERE id = ?");
-  SQLite::Statement last_ord(
-      db, "SELECT coalesce(max(admitted_ord), 0) FROM inbox WHERE session_id = ?");
-  SQLite::Statement admit(db,
-                          "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
-                          "from_session, body, admitted_seq, admitted_at, admitted_ord) VALUES "
-                          "(?, ?, ?, ?, ?, ?, ?)");
-  SQLite::Statement acked(db,
-                          "UPDATE receipts SET state = 'acked', updated_at = ? WHERE state = "
-                          "'pending' AND transition != 'started' AND task_id IN (SELECT id FROM "
-                          "tasks WHERE notification_id = ? AND state != 'running')");
+  bench::raw_admit admits(db);
   SQLite::Statement pending(db,
                             "SELECT notification_id, body FROM inbox WHERE session_id = ? AND "
                             "state = 'pending' ORDER BY admitted_ord, notification_id");
@@ -663,29 +654,12 @@ raw_figures raw_same_rows(const std::string& path, std::size_t children, std::si
       receipt.bind(5, t);
       receipt.bind(6, t);
       receipt.exec();
-      seq_of.reset();
-      seq_of.bind(1, parent);
-      if (!seq_of.executeStep()) die("raw baseline: no parent");
-      auto at_seq = seq_of.getColumn(0).getInt64();
-      seq_of.reset();
-      last_ord.reset();
-      last_ord.bind(1, parent);
-      last_ord.executeStep();
-      auto ord = last_ord.getColumn(0).getInt64();
-      last_ord.reset();
-      admit.reset();
-      admit.bind(1, parent);
-      admit.bind(2, nid);
-      admit.bind(3, child);
-      admit.bind(4, body);
-      admit.bind(5, at_seq);
-      admit.bind(6, t);
-      admit.bind(7, ord + 1);
-      admitted_rows += static_cast<std::size_t>(admit.exec());
-      acked.reset();
-      acked.bind(1, t);
-      acked.bind(2, nid);
-      if (acked.exec() != 1) die("raw baseline: the receipt was not acknowledged");
+      std::int64_t at_seq = 0, ord = 0;
+      if (!admits.position(parent, at_seq, ord)) die("raw baseline: no parent");
+      std::size_t acknowledged = 0;
+      admitted_rows += static_cast<std::size_t>(
+          admits.admit(parent, nid, child, body, at_seq, t, ord + 1, acknowledged));
+      if (acknowledged != 1) die("raw baseline: the receipt was not acknowledged");
     }
     // The parent's busy period: claim, drain what is pending, release.
     claim.reset();
