@@ -37,6 +37,13 @@ struct db_options {
   sync_mode sync = sync_mode::full;
   std::size_t max_batch = 1024;            // requests per transaction
   std::size_t max_batch_bytes = 8u << 20;  // payload bytes per transaction
+  /// WAL frames (pages) after a commit at which the writer asks its
+  /// checkpointer thread to copy the WAL back into the database file
+  /// (SQLite's own automatic checkpoint ran inside the commit, at 1,000). A
+  /// smaller checkpoint takes less of the disk from the commits beside it:
+  /// bench_commit's p99 with 1,024 requesters was 13-14 ms at 1,000 and 9-10 ms
+  /// at 250, at the same writes/s. 0: SQLite's automatic checkpoint.
+  int checkpoint_frames = 250;
   /// The caller is creating a database: an existing empty (zero-length) file
   /// becomes a new one. Without it an empty file is refused (a truncated
   /// database is not adopted as a new one); a missing file is created either

@@ -3,6 +3,7 @@
 #include <SQLiteCpp/Exception.h>
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 namespace tether::persistence {
@@ -49,11 +50,101 @@ writer::writer(db_options opts, std::unique_ptr<SQLite::Database> db)
       release_(std::make_unique<SQLite::Statement>(*db_, "RELEASE s")),
       rollback_to_(std::make_unique<SQLite::Statement>(*db_, "ROLLBACK TO s")) {
   sqlite3_commit_hook(db_->getHandle(), &writer::commit_hook, this);
+  // The checkpointer's connection. If it cannot be opened (an in-memory or
+  // temporary database has no second connection to it), SQLite's automatic
+  // checkpoint stays on the writer's commits.
+  if (!opts_.path.empty() && opts_.path != ":memory:" && opts_.checkpoint_frames > 0) {
+    try {
+      checkpoint_db_ = std::make_unique<SQLite::Database>(
+          opts_.path, SQLite::OPEN_READWRITE | SQLite::OPEN_NOMUTEX);
+      // A connection opens the WAL at its first read; until then a checkpoint
+      // through it finds no WAL and copies nothing.
+      checkpoint_db_->exec("SELECT count(*) FROM sqlite_schema");
+    } catch (const std::exception&) {
+      checkpoint_db_.reset();
+    }
+  }
+  if (checkpoint_db_) {
+    sqlite3_wal_hook(db_->getHandle(), &writer::wal_hook, this);  // replaces the automatic one
+    checkpoint_thread_ = std::thread([this] { checkpoint_loop(); });
+  }
   thread_ = std::thread([this] { loop(); });
 }
 
 writer::~writer() {
   stop();
+}
+
+int writer::wal_hook(void* self, sqlite3* db, const char* name, int frames) {
+  auto* w = static_cast<writer*>(self);
+  int size = w->opts_.checkpoint_frames;
+  int small = std::max(1, size / 8);
+  bool catch_up = false;
+  {
+    std::lock_guard lk(w->m_);
+    if (frames < w->stats_.wal_frames) w->wal_copied_ = 0;  // the WAL restarted
+    w->stats_.wal_frames = frames;
+    auto phase = w->checkpoint_;
+    int left = frames - w->wal_copied_;
+    if (phase == checkpoint_phase::idle && w->wal_copied_ > 0 && left < small) {
+      // The checkpointer copied all but a little: copy that here, so the
+      // next transaction finds the WAL wholly copied and restarts it.
+      catch_up = true;
+    } else if (phase == checkpoint_phase::idle && frames >= size) {
+      w->checkpoint_ = checkpoint_phase::wanted;
+      w->checkpoint_cv_.notify_all();
+    } else if (frames >= 2 * size && phase != checkpoint_phase::running) {
+      catch_up = true;  // the checkpointer did not run: bound the WAL here
+    }
+  }
+  if (catch_up) {
+    int log = 0, copied = 0;
+    // PASSIVE: waits for no reader; what a reader still needs stays in the WAL.
+    if (sqlite3_wal_checkpoint_v2(db, name, SQLITE_CHECKPOINT_PASSIVE, &log, &copied) ==
+        SQLITE_OK) {
+      std::lock_guard lk(w->m_);
+      w->stats_.writer_checkpoints++;
+      w->wal_copied_ = 0;  // restarted by the next transaction (unless a reader holds it)
+    }
+  }
+  return SQLITE_OK;
+}
+
+void writer::checkpoint_loop() {
+  std::unique_lock lk(m_);
+  for (;;) {
+    checkpoint_cv_.wait(lk, [&] {
+      return stopping_ || (checkpoint_ == checkpoint_phase::wanted && !checkpoints_held_);
+    });
+    if (stopping_) return;
+    checkpoint_ = checkpoint_phase::running;
+    lk.unlock();
+    int log = 0, copied = 0;
+    // PASSIVE: copies what no reader still needs, waits for no one. A failure
+    // loses nothing (the WAL keeps every frame); a later commit asks again.
+    int rc = sqlite3_wal_checkpoint_v2(checkpoint_db_->getHandle(), nullptr,
+                                       SQLITE_CHECKPOINT_PASSIVE, &log, &copied);
+    lk.lock();
+    if (rc == SQLITE_OK) {
+      stats_.checkpoints++;
+      // The WAL may have restarted meanwhile (a catch-up at twice the size):
+      // then what was copied is of the old one.
+      wal_copied_ = copied <= stats_.wal_frames ? copied : 0;
+    }
+    checkpoint_ = checkpoint_phase::idle;
+    checkpoint_cv_.notify_all();
+  }
+}
+
+void writer::hold_checkpoints(bool held) {
+  std::lock_guard lk(m_);
+  checkpoints_held_ = held;
+  checkpoint_cv_.notify_all();
+}
+
+bool writer::wait_checkpoints(std::uint64_t n, std::chrono::milliseconds timeout) const {
+  std::unique_lock lk(m_);
+  return checkpoint_cv_.wait_for(lk, timeout, [&] { return stats_.checkpoints >= n; });
 }
 
 void writer::exec(std::unique_ptr<SQLite::Statement>& st) {
@@ -91,8 +182,10 @@ void writer::stop() {
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
     cv_.notify_one();
+    checkpoint_cv_.notify_all();
   }
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
 }
 
 writer_stats writer::stats() const {

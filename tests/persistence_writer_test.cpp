@@ -544,3 +544,78 @@ TEST_CASE("a write that answers false is awaited as false, not as true", "[regre
   REQUIRE(waited);
   CHECK_FALSE(*waited);
 }
+
+namespace {
+
+constexpr int k_checkpoint_frames = 40;
+
+std::unique_ptr<writer> open_checkpointing_writer(const std::string& path) {
+  db_options opts{path};
+  opts.checkpoint_frames = k_checkpoint_frames;
+  auto w = writer::open(opts);
+  REQUIRE(w);
+  return std::move(*w);
+}
+
+// One commit of its own: a row of about 3 KB, so each commit adds at least
+// one WAL frame (a new leaf page).
+void commit_big_row(writer& w, int k) {
+  auto st = w.submit("big row " + std::to_string(k), 3000, [k](SQLite::Database& db) {
+    SQLite::Statement ins(db, "INSERT INTO t (k, v) VALUES (?, hex(zeroblob(1500)))");
+    ins.bind(1, k);
+    ins.exec();
+  });
+  REQUIRE(test::run(st->async_wait(asio::use_awaitable)));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a commit past the checkpoint size does not copy the WAL back itself: the checkpointer does, "
+    "beside it") {
+  test::scratch_dir dir("checkpointer");
+  auto path = dir.file("t.db");
+  auto w = open_checkpointing_writer(path);
+  create_table(*w);
+  w->hold_checkpoints(true);
+  auto db_size = std::filesystem::file_size(path);
+
+  // Commits up to the checkpoint size and beyond it (but not twice it), with
+  // the checkpointer held.
+  int k = 0;
+  while (w->stats().wal_frames < k_checkpoint_frames + 5) commit_big_row(*w, k++);
+  CHECK(w->stats().wal_frames < 2 * k_checkpoint_frames);
+  // Nothing was copied into the database file: no commit checkpointed.
+  CHECK(w->stats().checkpoints == 0);
+  CHECK(w->stats().writer_checkpoints == 0);
+  CHECK(std::filesystem::file_size(path) == db_size);
+
+  // Released, the checkpointer copies the WAL into the file.
+  w->hold_checkpoints(false);
+  REQUIRE(w->wait_checkpoints(1, std::chrono::seconds(30)));
+  CHECK(std::filesystem::file_size(path) >= db_size + static_cast<std::uintmax_t>(k) * 3000);
+  CHECK(count_rows(path) == k);
+}
+
+TEST_CASE("under commits with no pause the WAL stays bounded: the writer copies the rest itself") {
+  test::scratch_dir dir("walbound");
+  auto path = dir.file("t.db");
+  auto w = open_checkpointing_writer(path);
+  create_table(*w);
+  // The checkpointer never runs, as if it never caught up: the writer's own
+  // catch-up at twice the checkpoint size is what bounds the WAL.
+  w->hold_checkpoints(true);
+  int most = 0;
+  for (int k = 0; k < 20 * k_checkpoint_frames; ++k) {
+    commit_big_row(*w, k);
+    most = std::max(most, w->stats().wal_frames);
+  }
+  INFO("most frames in the WAL after a commit: " << most);
+  CHECK(most < 2 * k_checkpoint_frames + 8);  // one commit past the bound at most
+  // The WAL file restarted from its beginning instead of growing: 800
+  // commits of a new page each would have made it over 3 MB.
+  auto wal = std::filesystem::file_size(path + "-wal");
+  INFO("WAL file: " << wal << " bytes");
+  CHECK(wal < static_cast<std::uintmax_t>(2 * k_checkpoint_frames + 8) * (4096 + 24) + 32);
+  CHECK(count_rows(path) == 20 * k_checkpoint_frames);
+}
