@@ -619,3 +619,26 @@ TEST_CASE("under commits with no pause the WAL stays bounded: the writer copies 
   CHECK(wal < static_cast<std::uintmax_t>(2 * k_checkpoint_frames + 8) * (4096 + 24) + 32);
   CHECK(count_rows(path) == 20 * k_checkpoint_frames);
 }
+
+namespace tether::persistence::detail {
+extern const char* const k_take_inbox_sql;  // persistence/task_store_reports.cpp
+}
+
+TEST_CASE(
+    "a session's inbox take reads its pending rows through the pending index, not its history",
+    "[regression]") {
+  test::scratch_dir dir("takeplan");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);  // the schema, migrated
+  // Without statistics the planner took the full inbox_order index and walked
+  // every row the session was ever admitted; the take must read only the
+  // pending ones.
+  SQLite::Database db(path, SQLite::OPEN_READONLY);
+  SQLite::Statement plan(
+      db, std::string("EXPLAIN QUERY PLAN ") + persistence::detail::k_take_inbox_sql);
+  std::string detail;
+  while (plan.executeStep()) detail += plan.getColumn(3).getString() + "\n";
+  INFO(detail);
+  CHECK(detail.find("USING INDEX inbox_pending") != std::string::npos);
+  CHECK(detail.find("inbox_order") == std::string::npos);
+}
