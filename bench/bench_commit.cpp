@@ -180,13 +180,6 @@ void check_rows(const std::string& path, std::uint64_t answered) {
         " writes were answered as committed");
 }
 
-std::string make_temp_dir() {
-  std::string tmpl =
-      (std::filesystem::temp_directory_path() / "tether-bench-commit-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data())) die("cannot create a temp dir under /tmp");
-  return tmpl;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,7 +193,7 @@ int main(int argc, char** argv) {
       die(std::string("'") + argv[i] + "' is not a requester count (a positive integer)");
     counts.push_back(n);
   }
-  std::string dir = make_temp_dir();
+  std::string dir = bench::make_temp_dir("bench-commit");
 
   std::string base_path = dir + "/one-transaction-per-write.db";
   one_transaction_per_write base(base_path);

@@ -85,6 +85,7 @@
 #include <unordered_map>
 
 #include "host_support.hpp"
+#include "spawning_parent.hpp"
 #include "support.hpp"
 #include "tether/actors/host.hpp"
 #include "tether/persistence/database.hpp"
@@ -147,53 +148,11 @@ const char* phase_name(int p) {
   return names[p];
 }
 
-std::string parent_name(std::size_t p) {
-  return "ses_parent" + std::to_string(p);
-}
-std::string child_name(std::size_t p, std::size_t c) {
-  return "ses_p" + std::to_string(p) + "_c" + std::to_string(c);
-}
-std::string marker(int period) {
-  return "[period " + std::to_string(period) + "]";
-}
-
-// What the parents spawned, and until when they may.
-struct spawn_state {
-  explicit spawn_state(std::size_t parents) : spawned(parents) {}
-  std::vector<std::atomic<std::size_t>> spawned;  // per parent: children 0..n-1 exist
-  std::atomic<std::size_t> parent_drains{0};
-  std::atomic<clock::rep> deadline{clock::time_point::max().time_since_epoch().count()};
-  bool open() const { return clock::now().time_since_epoch().count() < deadline.load(); }
-};
-
-// A parent: on a prompt it spawns its children in the background, until the
-// deadline; a report gets no turn.
-class parent_agent : public actors::agent {
- public:
-  parent_agent(std::size_t index, std::size_t children, spawn_state* st)
-      : index_(index), children_(children), st_(st) {}
-
-  awaitable<void> drain(actors::agent_context& ctx, actors::drain_input in) override {
-    ++st_->parent_drains;
-    for (auto& m : in.inputs) {
-      if (m.kind != "prompt") continue;
-      for (std::size_t c = 0; c < children_ && st_->open(); ++c) {
-        actors::spawn_request req;
-        req.child = session_id(child_name(index_, c));
-        req.description = "bench child " + std::to_string(c);
-        req.prompt = "start " + marker(1);
-        auto r = co_await ctx.spawn_background(std::move(req));
-        if (!r) throw error_exception(r.error());
-        st_->spawned[index_].store(c + 1);
-      }
-    }
-  }
-
- private:
-  std::size_t index_;
-  std::size_t children_;
-  spawn_state* st_;
-};
+using bench::child_name;
+using bench::marker;
+using bench::parent_agent;
+using bench::parent_name;
+using bench::spawn_state;
 
 // A child: answers each prompt with one completed message carrying the
 // prompt's "[period N]" marker (the report's body then names its period).
@@ -741,13 +700,6 @@ void emit_phase(const std::string& f, phase_figures& p) {
               "requests/report");
 }
 
-std::string make_temp_dir() {
-  std::string tmpl =
-      (std::filesystem::temp_directory_path() / "tether-bench-latency-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data())) die("cannot create a temp dir under /tmp");
-  return tmpl;
-}
-
 }  // namespace
 
 // Usage: bench_latency                  1 parent x 1000 children, 5 s closed
@@ -773,7 +725,7 @@ int main(int argc, char** argv) {
     s.load = std::atof(argv[4]);
     if (!(s.load > 0)) die("LOAD must be positive");
   }
-  std::string dir = make_temp_dir();
+  std::string dir = bench::make_temp_dir("bench-latency");
 
   // The disk's floor: one durable commit on a plain connection.
   auto raw = raw_commit_ms(dir + "/raw.db", 1.0);

@@ -496,19 +496,12 @@ void print_summary(const layout& l, const outcome& o, const raw_outcome& raw,
   std::fflush(stdout);
 }
 
-std::string make_temp_dir() {
-  std::string tmpl =
-      (std::filesystem::temp_directory_path() / "tether-bench-recovery-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data())) die("cannot create a temp dir under /tmp");
-  return tmpl;
-}
-
 }  // namespace
 
 // Usage: bench_recovery             both layouts
 //        bench_recovery P C         P parents x C children
 int main(int argc, char** argv) {
-  std::string dir = make_temp_dir();
+  std::string dir = bench::make_temp_dir("bench-recovery");
   std::vector<layout> layouts;
   if (argc >= 3) {
     layouts.push_back(

@@ -59,6 +59,7 @@
 
 #include "host_support.hpp"
 #include "raw_admit.hpp"
+#include "spawning_parent.hpp"
 #include "support.hpp"
 #include "tether/actors/host.hpp"
 #include "tether/persistence/database.hpp"
@@ -104,53 +105,11 @@ struct shape {
   double settle_budget = 8;  // seconds: no phase-2 busy period starts after this
 };
 
-std::string parent_name(std::size_t p) {
-  return "ses_parent" + std::to_string(p);
-}
-std::string child_name(std::size_t p, std::size_t c) {
-  return "ses_p" + std::to_string(p) + "_c" + std::to_string(c);
-}
-std::string marker(int period) {
-  return "[period " + std::to_string(period) + "]";
-}
-
-// What the parents spawned, and until when they may.
-struct spawn_state {
-  explicit spawn_state(std::size_t parents) : spawned(parents) {}
-  std::vector<std::atomic<std::size_t>> spawned;  // per parent: children 0..n-1 exist
-  std::atomic<std::size_t> parent_drains{0};
-  std::atomic<clock::rep> deadline{clock::time_point::max().time_since_epoch().count()};
-  bool open() const { return clock::now().time_since_epoch().count() < deadline.load(); }
-};
-
-// A parent: on a prompt it spawns its children in the background, until the
-// deadline; a report gets no turn.
-class parent_agent : public actors::agent {
- public:
-  parent_agent(std::size_t index, std::size_t children, spawn_state* st)
-      : index_(index), children_(children), st_(st) {}
-
-  awaitable<void> drain(actors::agent_context& ctx, actors::drain_input in) override {
-    ++st_->parent_drains;
-    for (auto& m : in.inputs) {
-      if (m.kind != "prompt") continue;
-      for (std::size_t c = 0; c < children_ && st_->open(); ++c) {
-        actors::spawn_request req;
-        req.child = session_id(child_name(index_, c));
-        req.description = "bench child " + std::to_string(c);
-        req.prompt = "start " + marker(1);
-        auto r = co_await ctx.spawn_background(std::move(req));
-        if (!r) throw error_exception(r.error());
-        st_->spawned[index_].store(c + 1);
-      }
-    }
-  }
-
- private:
-  std::size_t index_;
-  std::size_t children_;
-  spawn_state* st_;
-};
+using bench::child_name;
+using bench::marker;
+using bench::parent_agent;
+using bench::parent_name;
+using bench::spawn_state;
 
 class bench_agents : public actors::agent_factory {
  public:
@@ -707,19 +666,12 @@ raw_figures raw_same_rows(const std::string& path, std::size_t children, std::si
   return f;
 }
 
-std::string make_temp_dir() {
-  std::string tmpl =
-      (std::filesystem::temp_directory_path() / "tether-bench-settle-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data())) die("cannot create a temp dir under /tmp");
-  return tmpl;
-}
-
 }  // namespace
 
 // Usage: bench_settle                 the figures (about a minute)
 //        bench_settle P C M [BATCH]   one run of P parents x C children x M periods
 int main(int argc, char** argv) {
-  std::string dir = make_temp_dir();
+  std::string dir = bench::make_temp_dir("bench-settle");
   bool ok = true;
   if (argc >= 4) {
     shape s;

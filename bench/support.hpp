@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -19,6 +21,20 @@
 namespace tether::bench {
 
 using clock = std::chrono::steady_clock;
+
+/// A fresh directory tether-<name>-XXXXXX under the temp directory; exits
+/// with a message naming it if it cannot be made.
+inline std::string make_temp_dir(std::string_view name) {
+  std::string tmpl =
+      (std::filesystem::temp_directory_path() / ("tether-" + std::string(name) + "-XXXXXX"))
+          .string();
+  if (!::mkdtemp(tmpl.data())) {
+    std::fprintf(stderr, "%.*s: cannot create a temp dir %s\n", static_cast<int>(name.size()),
+                 name.data(), tmpl.c_str());
+    std::exit(1);
+  }
+  return tmpl;
+}
 
 inline double seconds_since(clock::time_point t0) {
   return std::chrono::duration<double>(clock::now() - t0).count();

@@ -24,8 +24,11 @@ namespace asio = boost::asio;
 
 namespace {
 
-std::unique_ptr<writer> open_writer(const std::string& path) {
-  auto w = writer::open(db_options{path});
+std::unique_ptr<writer> open_writer(const std::string& path,
+                                    int checkpoint_frames = db_options{}.checkpoint_frames) {
+  db_options opts{path};
+  opts.checkpoint_frames = checkpoint_frames;
+  auto w = writer::open(opts);
   REQUIRE(w);
   return std::move(*w);
 }
@@ -549,14 +552,6 @@ namespace {
 
 constexpr int k_checkpoint_frames = 40;
 
-std::unique_ptr<writer> open_checkpointing_writer(const std::string& path) {
-  db_options opts{path};
-  opts.checkpoint_frames = k_checkpoint_frames;
-  auto w = writer::open(opts);
-  REQUIRE(w);
-  return std::move(*w);
-}
-
 // One commit of its own: a row of about 3 KB, so each commit adds at least
 // one WAL frame (a new leaf page).
 void commit_big_row(writer& w, int k) {
@@ -575,7 +570,7 @@ TEST_CASE(
     "beside it") {
   test::scratch_dir dir("checkpointer");
   auto path = dir.file("t.db");
-  auto w = open_checkpointing_writer(path);
+  auto w = open_writer(path, k_checkpoint_frames);
   create_table(*w);
   w->hold_checkpoints(true);
   auto db_size = std::filesystem::file_size(path);
@@ -600,7 +595,7 @@ TEST_CASE(
 TEST_CASE("under commits with no pause the WAL stays bounded: the writer copies the rest itself") {
   test::scratch_dir dir("walbound");
   auto path = dir.file("t.db");
-  auto w = open_checkpointing_writer(path);
+  auto w = open_writer(path, k_checkpoint_frames);
   create_table(*w);
   // The checkpointer never runs, as if it never caught up: the writer's own
   // catch-up at twice the checkpoint size is what bounds the WAL.
