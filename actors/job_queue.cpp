@@ -293,23 +293,33 @@ awaitable<result<job_view>> job_queue::view_of(owned_job j) {
 // ---- launch ------------------------------------------------------------------------------
 
 awaitable<result<job_id>> job_queue::launch(owner_scope caller, launch_request req) {
-  auto task = launch_on(std::move(caller), std::move(req));
+  auto task = launch_on(std::move(caller), std::move(req), std::nullopt);
   co_return co_await on_queue(std::move(task));
 }
 
-awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_request req) {
+awaitable<result<job_id>> job_queue::launch_as_session(owner_scope caller, launch_request req,
+                                                       bool notify) {
+  auto task = launch_on(std::move(caller), std::move(req), notify);
+  co_return co_await on_queue(std::move(task));
+}
+
+awaitable<result<job_id>> job_queue::launch_on(owner_scope caller, launch_request req,
+                                               std::optional<bool> notify) {
   auto held = gate_.enter();
   if (!held) co_return error{errc::stopped, "the host is shutting down; nothing was done"};
   if (caller.tenant.empty() || caller.thread.empty() || caller.turn.empty())
     co_return error{errc::invalid,
                     "launch: the caller's scope needs a tenant, a thread and a turn; "
                     "nothing was started"};
-  auto row = co_await host_.store().load_session(caller.thread);
-  if (!row) co_return row.error();
-  if (!*row || (*row)->tenant != caller.tenant)
-    co_return error{errc::not_found,
-                    "session '" + caller.thread.str() + "' not found; nothing was started"};
-  if (req.background && !(*row)->job_notify)
+  if (!notify) {
+    auto row = co_await host_.store().load_session(caller.thread);
+    if (!row) co_return row.error();
+    if (!*row || (*row)->tenant != caller.tenant)
+      co_return error{errc::not_found,
+                      "session '" + caller.thread.str() + "' not found; nothing was started"};
+    notify = (*row)->job_notify;
+  }
+  if (req.background && !*notify)
     co_return error{errc::refused, "turn '" + caller.turn.str() + "' of session '" +
                                        caller.thread.str() +
                                        "' has notifications disabled, so a background job would "

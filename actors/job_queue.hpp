@@ -143,6 +143,11 @@ class job_queue {
   awaitable<result<recovery_report>> recover();
 
   awaitable<result<job_id>> launch(owner_scope caller, launch_request req);
+  /// A session's own tool call. Its actor knows its row (the scope's tenant
+  /// and whether its turns take notifications), and no drain runs while the
+  /// session is deleted, so the queue does not read the row again. Only the
+  /// session actor calls this; every other caller goes through launch().
+  awaitable<result<job_id>> launch_as_session(owner_scope caller, launch_request req, bool notify);
   /// Status now. A terminal result read this way is not delivered again.
   awaitable<result<job_view>> status(owner_scope caller, job_id job);
   /// Until the job is terminal; like status() it counts as reading the result.
@@ -198,7 +203,10 @@ class job_queue {
   /// The channel's bind hook: refuses a generation older than the bound
   /// one (read off the executor), then binds it through the writer.
   awaitable<result<void>> bind_route(protocol::sandbox_id sb, std::uint64_t generation);
-  awaitable<result<job_id>> launch_on(owner_scope caller, launch_request req);
+  /// `notify`: the caller's session's setting, when its actor gave it;
+  /// otherwise the session's row is read (and must be the caller's tenant's).
+  awaitable<result<job_id>> launch_on(owner_scope caller, launch_request req,
+                                      std::optional<bool> notify);
   awaitable<result<job_view>> status_on(owner_scope caller, job_id job);
   awaitable<result<job_view>> cancel_on(owner_scope caller, job_id job, bool read);
   /// Cancels each job in the scope given with it (confirmed); how many ended

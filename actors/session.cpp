@@ -163,7 +163,8 @@ class session::context : public agent_context {
     req.allow_network = req.allow_network && policy_.network;
     if (policy_.writable) req.writable = policy_.writable;
     req.channel = "tool";
-    co_return co_await s_->host_.jobs().launch(scope(), std::move(req));
+    co_return co_await s_->host_.jobs().launch_as_session(scope(), std::move(req),
+                                                          s_->row_.job_notify);
   }
 
   awaitable<result<job_view>> job_status(job_id job) override {

@@ -338,7 +338,7 @@ awaitable<result<void>> embedded::shutdown() {
 result<void> embedded::close() {
   if (on_executor_thread()) return refused_on_executor("close()");
   begin_shutdown();
-  closed_->async_wait(asio::use_future).get();
+  (void)runtime::block_on<int>([this](auto done) { closed_->async_wait(std::move(done)); });
   return {};
 }
 

@@ -15,9 +15,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
-#include <boost/asio/use_future.hpp>
 #include <functional>
-#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,6 +30,7 @@
 #include "tether/actors/host.hpp"
 #include "tether/runtime/error.hpp"
 #include "tether/runtime/one_shot.hpp"
+#include "tether/runtime/sync_wait.hpp"
 
 namespace tether {
 
@@ -301,7 +300,8 @@ class embedded {
 template <class T>
 result<T> embedded::block(awaitable<result<T>> a) {
   if (on_executor_thread()) return refused_on_executor("block()");
-  return start_guarded(std::move(a), "block()")->async_wait(boost::asio::use_future).get();
+  auto w = start_guarded(std::move(a), "block()");
+  return runtime::block_on<result<T>>([&w](auto done) { w->async_wait(std::move(done)); });
 }
 
 template <class T>

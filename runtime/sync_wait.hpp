@@ -1,10 +1,21 @@
 #pragma once
 // Runs an awaitable to completion from plain code: on a private io_context, or
 // on an executor that other threads already run. For tests, tools and main().
+//
+// A thread that blocks here waits on a mutex and a condition variable, not on
+// a std::future: libstdc++ makes a future ready inside its shared library,
+// which ThreadSanitizer does not see, so every value handed over through one
+// reads to it as a data race (`make test SANITIZE=thread`).
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_future.hpp>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <type_traits>
 #include <utility>
 
 namespace tether::runtime {
@@ -19,11 +30,53 @@ T run_to_completion(boost::asio::io_context& io, boost::asio::awaitable<T> a) {
   return f.get();
 }
 
-/// Spawns `a` on an executor served by other threads and blocks until done.
+/// Blocks the calling thread until `start(handler)` has called `handler` once
+/// with a T, from any thread, and returns that T.
+template <class T, class Start>
+T block_on(Start&& start) {
+  struct state {
+    std::mutex m;
+    std::condition_variable cv;
+    std::optional<T> value;
+  };
+  auto st = std::make_shared<state>();
+  std::forward<Start>(start)([st](T v) {
+    std::lock_guard lk(st->m);
+    st->value.emplace(std::move(v));
+    st->cv.notify_one();
+  });
+  std::unique_lock lk(st->m);
+  st->cv.wait(lk, [&] { return st->value.has_value(); });
+  return std::move(*st->value);
+}
+
+/// Spawns `a` on an executor served by other threads and blocks until done;
+/// rethrows what it threw.
 template <class Executor, class T>
 T sync_wait(const Executor& ex, boost::asio::awaitable<T> a) {
-  auto f = boost::asio::co_spawn(ex, std::move(a), boost::asio::use_future);
-  return f.get();
+  if constexpr (std::is_void_v<T>) {
+    auto e = block_on<std::exception_ptr>([&](auto done) {
+      boost::asio::co_spawn(ex, std::move(a),
+                            [done = std::move(done)](std::exception_ptr e) { done(e); });
+    });
+    if (e) std::rethrow_exception(e);
+  } else {
+    // Either what it threw or what it returned.
+    struct outcome {
+      std::exception_ptr e;
+      std::optional<T> value;
+    };
+    auto o = block_on<outcome>([&](auto done) {
+      boost::asio::co_spawn(ex, std::move(a), [done = std::move(done)](std::exception_ptr e, T v) {
+        if (e)
+          done(outcome{e, std::nullopt});
+        else
+          done(outcome{nullptr, std::optional<T>(std::move(v))});
+      });
+    });
+    if (o.e) std::rethrow_exception(o.e);
+    return std::move(*o.value);
+  }
 }
 
 }  // namespace tether::runtime

@@ -195,6 +195,34 @@ TEST_CASE("a background launch is refused when the turn has notifications disabl
   CHECK(live->empty());
 }
 
+// A session's own tool call passes what its actor knows of its row; any other
+// caller's launch is checked against the row on disk.
+TEST_CASE(
+    "a launch from outside a session's turn is checked against its row: another tenant's thread "
+    "is not found, and a thread without notifications refuses a background job",
+    "[delivery]") {
+  delivery_fixture d("outside-launch");
+  auto s = d.session("s", "acme");
+  protocol::owner_scope caller;
+  caller.tenant = protocol::tenant_id("other");
+  caller.thread = s;
+  caller.turn = protocol::turn_id("t1");
+  auto foreign = d.sync(d.host().jobs().launch(caller, job("echo never")));
+  REQUIRE_FALSE(foreign);
+  CHECK(foreign.error().code == errc::not_found);
+  CHECK(foreign.error().message.find("nothing was started") != std::string::npos);
+
+  caller.tenant = protocol::tenant_id("acme");
+  REQUIRE(d.sync(d.host().set_job_policy(s, false, "withhold")));
+  auto quiet = d.sync(d.host().jobs().launch(caller, job("echo never")));
+  REQUIRE_FALSE(quiet);
+  CHECK(quiet.error().code == errc::refused);
+  CHECK(quiet.error().message.find("notifications disabled") != std::string::npos);
+  auto live = d.host().store().live_jobs();
+  REQUIRE(live);
+  CHECK(live->empty());
+}
+
 TEST_CASE(
     "cancel is a confirmed kill before the cancelled receipt, and the completion after it is "
     "dropped",
