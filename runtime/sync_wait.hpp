@@ -55,27 +55,18 @@ T block_on(Start&& start) {
 template <class Executor, class T>
 T sync_wait(const Executor& ex, boost::asio::awaitable<T> a) {
   if constexpr (std::is_void_v<T>) {
-    auto e = block_on<std::exception_ptr>([&](auto done) {
-      boost::asio::co_spawn(ex, std::move(a),
-                            [done = std::move(done)](std::exception_ptr e) { done(e); });
-    });
+    auto e = block_on<std::exception_ptr>(
+        [&](auto done) { boost::asio::co_spawn(ex, std::move(a), std::move(done)); });
     if (e) std::rethrow_exception(e);
   } else {
-    // Either what it threw or what it returned.
-    struct outcome {
-      std::exception_ptr e;
-      std::optional<T> value;
-    };
-    auto o = block_on<outcome>([&](auto done) {
+    // What it threw, or what it returned (co_spawn hands T() with an exception).
+    auto [e, v] = block_on<std::pair<std::exception_ptr, T>>([&](auto done) {
       boost::asio::co_spawn(ex, std::move(a), [done = std::move(done)](std::exception_ptr e, T v) {
-        if (e)
-          done(outcome{e, std::nullopt});
-        else
-          done(outcome{nullptr, std::optional<T>(std::move(v))});
+        done({e, std::move(v)});
       });
     });
-    if (o.e) std::rethrow_exception(o.e);
-    return std::move(*o.value);
+    if (e) std::rethrow_exception(e);
+    return std::move(v);
   }
 }
 
