@@ -3,25 +3,28 @@
 // subagent's report, an owned job's notice) reaches its owner here, live or
 // at boot:
 //
-//   1. recheck: a resent receipt is handed over only while still pending (a
-//      status read or an earlier delivery may have settled it);
-//   2. owner: the owner's session is loaded; gone (or of another tenant than
+//   1. owner: the owner's session is loaded; gone (or of another tenant than
 //      the receipt's scope) means nobody is owed it any more, and the receipt
-//      is dropped;
-//   3. admit: the owner's inbox actor (actors/inbox.hpp) admits it under its
-//      inbox id, dropping a repeat (so at-least-once delivery is seen once);
-//   4. acknowledge, by how the owner reads it:
+//      is dropped (if still pending);
+//   2. admit: the owner's inbox actor (actors/inbox.hpp) admits it under its
+//      inbox id, dropping a repeat (so at-least-once delivery is seen once),
+//      and settles receipts in the same transaction. A notice is admitted
+//      only while its receipt is still pending (a status read or an earlier
+//      hand-over may have settled it), so no separate read comes first and
+//      nobody is woken for what was already read;
+//   3. acknowledge and wake, by how the owner reads it:
 //      - a report is read from the parent's inbox, which is durable and is
 //        acknowledged by the drain that takes it: its receipt is acknowledged
 //        in the admit's own transaction             [report.admit.after_commit]
 //        and the parent is woken to steer it in    [report.wake.after_tell];
 //      - a notice can still be read by its owner's status call, which keeps
-//        the drain from showing it again: a busy turn takes it steered and it
-//        is acknowledged on acceptance           [delivery.handover.after_admit,
-//                                                  delivery.ack.after_commit];
-//        an idle session is woken with a prompt and the drain that takes it
-//        acknowledges it. During recovery nobody is woken
-//        [recover.handover.after_admit]: boot's phases resume each session.
+//        the drain from showing it again: a busy turn takes it steered, and
+//        accepted into its queue is acknowledged, in the admit's own
+//        transaction                                   [delivery.ack.after_commit];
+//        an idle session is woken with a prompt    [delivery.handover.after_admit]
+//        and the drain that takes it acknowledges it. During recovery nobody
+//        is woken and nothing is acknowledged [recover.handover.after_admit]:
+//        boot's phases resume each session.
 //
 // The steer or the wake goes through the same inbox actor, which tells its
 // session.
@@ -61,9 +64,6 @@ struct delivery_batch {
   /// The receipt scope's tenant, checked against the owner's when given.
   std::optional<protocol::tenant_id> tenant;
   std::vector<outbound> items;  // one owner, one kind, in outbox order
-  /// A resend: hand over only what is still pending. A report just settled
-  /// by the caller's own transaction needs no look.
-  bool recheck = false;
   /// Boot's recovery: a notice wakes nobody (boot's phases resume sessions).
   bool recovering = false;
   /// Instrumentation: called after the admit committed, once per batch.
@@ -71,7 +71,7 @@ struct delivery_batch {
 };
 
 /// The batch that hands one owned job's pending receipt to its owner (its
-/// session and tenant from the receipt's scope), rechecked as still pending.
+/// session and tenant from the receipt's scope), admitted only while pending.
 /// `recovering`: boot's sweep, which wakes nobody.
 delivery_batch notice_batch(persistence::receipt r, bool recovering);
 

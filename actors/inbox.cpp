@@ -24,10 +24,10 @@ awaitable<void> inbox::handle(inbox_message& m) {
     std::vector<protocol::notification_id> nids;
     nids.reserve(a->items.size());
     for (auto& i : a->items) nids.push_back(i.nid);
-    auto committed = host_.store().admit_submit(owner_, std::move(a->items), !a->receipts);
+    auto committed = host_.store().admit_submit(owner_, std::move(a->items), a->how);
     auto ex = get_executor();
     auto task = finish_admit(shared_from_this(), std::move(committed), std::move(nids),
-                             std::move(a->reply), a->receipts);
+                             std::move(a->reply), a->how != persistence::admit_receipts::reports);
     auto on_end = [self = shared_from_this()](std::exception_ptr e) {
       // The ask was failed by its reply_to's destructor; say why.
       if (e)
@@ -47,16 +47,16 @@ awaitable<void> inbox::handle(inbox_message& m) {
 
 awaitable<void> inbox::finish_admit(
     std::shared_ptr<inbox> self,
-    std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> committed,
-    std::vector<protocol::notification_id> nids, runtime::reply_to<std::vector<bool>> reply,
-    bool receipts) {
+    std::shared_ptr<runtime::one_shot<result<std::vector<persistence::admit_outcome>>>> committed,
+    std::vector<protocol::notification_id> nids,
+    runtime::reply_to<std::vector<persistence::admit_outcome>> reply, bool receipts) {
   auto r = co_await committed->async_wait(asio::use_awaitable);
   if (r) {
     // The session first (see the header's Order), then the asker.
     if (auto s = self->session_.lock()) (void)s->tell(session_msg::admitted{receipts});
     if (auto* o = self->host_.observer())
       for (std::size_t i = 0; i < nids.size(); ++i)
-        if ((*r)[i]) o->admitted(self->owner_, nids[i]);
+        if ((*r)[i] == persistence::admit_outcome::added) o->admitted(self->owner_, nids[i]);
   }
   reply.send(std::move(r));
 }

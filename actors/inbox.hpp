@@ -37,15 +37,15 @@ namespace inbox_msg {
 struct attach {
   std::weak_ptr<session> owner;
 };
-/// Admits `items` under their inbox ids; the reply says, per item, whether it
-/// was new (false: a repeat, dropped).
+/// Admits `items` under their inbox ids; the reply says, per item, what the
+/// admit did (new, a repeat dropped, or a notice no longer pending).
 struct admit {
   std::vector<persistence::report_item> items;
-  /// Job receipts (notices): the owning turn drains them before it settles.
   /// Reports: their tasks' terminal receipts are acknowledged in the admit's
-  /// own transaction.
-  bool receipts = false;
-  runtime::reply_to<std::vector<bool>> reply;
+  /// own transaction. Notices (job receipts): admitted while pending, and the
+  /// owning turn drains them before it settles.
+  persistence::admit_receipts how = persistence::admit_receipts::reports;
+  runtime::reply_to<std::vector<persistence::admit_outcome>> reply;
 };
 /// Steers the running turn (`steer`) or wakes the idle session with a prompt
 /// (`input`) to read what was admitted. The host counted it as activity; the
@@ -69,9 +69,9 @@ class inbox : public runtime::actor<inbox, inbox_message> {
   /// After the admit's commit: tells the session, then answers the asker.
   static awaitable<void> finish_admit(
       std::shared_ptr<inbox> self,
-      std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> committed,
-      std::vector<protocol::notification_id> nids, runtime::reply_to<std::vector<bool>> reply,
-      bool receipts);
+      std::shared_ptr<runtime::one_shot<result<std::vector<persistence::admit_outcome>>>> committed,
+      std::vector<protocol::notification_id> nids,
+      runtime::reply_to<std::vector<persistence::admit_outcome>> reply, bool receipts);
 
   host& host_;
   const protocol::session_id owner_;

@@ -16,7 +16,8 @@
 //   cancel: the daemon's confirmed kill, then the CAS      [delivery.cancel.after_kill]
 //   terminal: compare-and-set with its pending receipt     [delivery.terminal.after_commit]
 //     (during recovery)                                     [recover.terminal.after_commit]
-//   hand-over to the owner's session through delivery      [delivery.handover.after_admit]
+//   hand-over to the owner's session through delivery      [delivery.ack.after_commit,
+//                                                            delivery.handover.after_admit]
 //   end: its waiters resume and the queue forgets it
 //
 // Mailbox: every request (follow, cancel, finish, a waiter, the queue's

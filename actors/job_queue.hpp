@@ -11,10 +11,11 @@
 //   dispatch: exec on the sandbox, idempotent by job id       [delivery.dispatch.after_exec]
 //   running: the `started` receipt                             [delivery.started.after_commit]
 //   terminal: compare-and-set with its pending receipt        [delivery.terminal.after_commit]
-//   delivery: recheck pending, hand over to the owner's session
-//     (admitted into its inbox under the receipt id)           [delivery.handover.after_admit]
-//     busy session: acknowledged on acceptance                 [delivery.ack.after_commit]
+//   delivery: admitted into the owner's inbox under the receipt id while the
+//     receipt is pending, then
+//     busy session: acknowledged on acceptance, in that transaction [delivery.ack.after_commit]
 //     idle session: woken with a prompt; acknowledged when its drain takes it
+//                                                               [delivery.handover.after_admit]
 //   cancel: the daemon's confirmed kill, then the CAS          [delivery.cancel.after_kill]
 // Recovery (recover(), at boot; the daemon is read through a read-only
 // connection and nobody is woken until boot's phases resume the sessions):

@@ -130,11 +130,35 @@ struct inbox_row {
   bool acked = false;
 };
 
-/// A report on its way into an inbox.
+/// A report or a notice on its way into an inbox.
 struct report_item {
   notification_id nid;
   std::optional<session_id> from;
   std::string body;
+  /// A notice's receipt, keyed apart from its inbox id: the notice is
+  /// admitted only while its receipt is pending.
+  std::optional<event_id> receipt;
+};
+
+/// How an admit settles its items' receipts, in its own transaction.
+enum class admit_receipts {
+  /// Subagent reports: each task's terminal receipt (its outbox) is
+  /// acknowledged, a repeat's included: the parent's inbox is what reads it.
+  reports,
+  /// Notices: one whose receipt is no longer pending (read by a status call,
+  /// handed over already, dropped) is not admitted; the drain that takes the
+  /// rest acknowledges them.
+  notices,
+  /// Notices steered into a busy turn: as `notices`, and each receipt is
+  /// acknowledged now (accepted into the running turn's queue).
+  notices_acked,
+};
+
+/// What an admit did with one item.
+enum class admit_outcome {
+  added,        // new in the inbox
+  repeat,       // its inbox id was there already: dropped
+  not_pending,  // a notice whose receipt was settled: not admitted
 };
 
 /// What settle commits in one transaction.
@@ -518,18 +542,16 @@ class task_store : public task_reader {
   /// The settle transaction: child idle (claim released, resume attempts
   /// reset, input cursor advanced) and the job row terminal with the body.
   awaitable<result<settle_result>> settle(settle_request req);
-  /// Admits reports into a session's inbox, in order; for each, false if its
-  /// id was already there (the repeat is dropped). errc::not_found if the
-  /// session is gone (nothing admitted).
-  /// `reports`: the items are subagent reports, whose tasks' terminal
-  /// receipts (their outbox) are acknowledged in the same transaction, a
-  /// repeat's included: the parent's inbox is what reads them.
-  awaitable<result<std::vector<bool>>> admit(session_id to, std::vector<report_item> items,
-                                             bool reports = true);
+  /// Admits reports or notices into a session's inbox, in order, settling
+  /// their receipts as `how` says; per item, what it did (a repeat of an id
+  /// already there is dropped). errc::not_found if the session is gone
+  /// (nothing admitted).
+  awaitable<result<std::vector<admit_outcome>>> admit(session_id to, std::vector<report_item> items,
+                                                      admit_receipts how = admit_receipts::reports);
   /// admit() without waiting: queued now (so the writer keeps the order of
   /// calls), resolved after its COMMIT.
-  std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> admit_submit(
-      session_id to, std::vector<report_item> items, bool reports = true);
+  std::shared_ptr<runtime::one_shot<result<std::vector<admit_outcome>>>> admit_submit(
+      session_id to, std::vector<report_item> items, admit_receipts how = admit_receipts::reports);
   /// The reports are in the inbox: their tasks' terminal receipts (the
   /// outbox) are acknowledged; the terminal rows stay. `delivered` false:
   /// nobody is owed them any more (their receipts are dropped).

@@ -152,16 +152,6 @@ result<receipt> decode_receipt(SQLite::Statement& q) {
   return r;
 }
 
-// Moves a pending receipt to `to`; true if it was pending.
-result<bool> settle_receipt(SQLite::Database& db, const event_id& id, receipt_state to) {
-  auto& st = cached_statement(
-      db, "UPDATE receipts SET state = ?, updated_at = ? WHERE id = ? AND state = 'pending'");
-  st.bind(1, std::string(to_string(to)));
-  st.bind(2, now_ms());
-  st.bind(3, id.str());
-  return st.exec() == 1;
-}
-
 }  // namespace
 
 result<std::optional<owned_job>> task_reader::job(const job_id& id) {
@@ -357,11 +347,7 @@ awaitable<result<int>> task_store::drop(std::vector<event_id> ids) {
   auto name = "drop " + std::to_string(ids.size()) + " receipt(s)";
   auto fn = [ids = std::move(ids)](SQLite::Database& db) -> result<int> {
     int n = 0;
-    for (auto& id : ids) {
-      auto r = settle_receipt(db, id, receipt_state::dropped);
-      if (!r) return r.error();
-      n += *r ? 1 : 0;
-    }
+    for (auto& id : ids) n += settle_receipt(db, id, receipt_state::dropped) ? 1 : 0;
     return n;
   };
   co_return co_await w_.write(std::move(name), 64, std::move(fn));

@@ -187,8 +187,9 @@ void settle_report_receipt(SQLite::Database& db, const notification_id& nid, boo
   rc.exec();
 }
 
-std::optional<std::vector<bool>> admit_in_tx(SQLite::Database& db, const session_id& to,
-                                             const std::vector<report_item>& items, bool reports) {
+std::optional<std::vector<admit_outcome>> admit_in_tx(SQLite::Database& db, const session_id& to,
+                                                      const std::vector<report_item>& items,
+                                                      admit_receipts how) {
   auto& seq = cached_statement(db, "SELECT seq FROM sessions WHERE id = ?");
   seq.bind(1, to.str());
   if (!seq.executeStep()) return std::nullopt;
@@ -206,10 +207,22 @@ std::optional<std::vector<bool>> admit_in_tx(SQLite::Database& db, const session
                               "INSERT OR IGNORE INTO inbox (session_id, notification_id, "
                               "from_session, body, admitted_seq, admitted_at, admitted_ord) "
                               "VALUES (?, ?, ?, ?, ?, ?, ?)");
-  std::vector<bool> out;
+  std::vector<admit_outcome> out;
   out.reserve(items.size());
   auto now = now_ms();
   for (auto& i : items) {
+    if (how != admit_receipts::reports && i.receipt) {
+      // A notice is handed over only while its receipt is pending: read by a
+      // status call, or handed over already, it is not shown again.
+      auto& state = cached_statement(db, "SELECT state FROM receipts WHERE id = ?");
+      state.bind(1, i.receipt->str());
+      bool pending = state.executeStep() && state.getColumn(0).getString() == "pending";
+      state.reset();
+      if (!pending) {
+        out.push_back(admit_outcome::not_pending);
+        continue;
+      }
+    }
     st.reset();
     st.bind(1, to.str());
     st.bind(2, i.nid.str());
@@ -218,8 +231,11 @@ std::optional<std::vector<bool>> admit_in_tx(SQLite::Database& db, const session
     st.bind(5, at_seq);
     st.bind(6, now);
     st.bind(7, ++ord);
-    out.push_back(st.exec() == 1);
-    if (reports) settle_report_receipt(db, i.nid, true, now);
+    out.push_back(st.exec() == 1 ? admit_outcome::added : admit_outcome::repeat);
+    if (how == admit_receipts::reports)
+      settle_report_receipt(db, i.nid, true, now);
+    else if (how == admit_receipts::notices_acked && i.receipt)
+      settle_receipt(db, *i.receipt, receipt_state::acked);
   }
   return out;
 }
@@ -491,14 +507,14 @@ awaitable<result<settle_result>> task_store::settle(settle_request req) {
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
-std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> task_store::admit_submit(
-    session_id to, std::vector<report_item> items, bool reports) {
+std::shared_ptr<runtime::one_shot<result<std::vector<admit_outcome>>>> task_store::admit_submit(
+    session_id to, std::vector<report_item> items, admit_receipts how) {
   auto name = "admit " + std::to_string(items.size()) + " report(s) to " + to.str();
   std::size_t bytes = 64;
   for (auto& i : items) bytes += i.body.size() + 96;
   auto fn = [to = std::move(to), items = std::move(items),
-             reports](SQLite::Database& db) -> result<std::vector<bool>> {
-    auto out = admit_in_tx(db, to, items, reports);
+             how](SQLite::Database& db) -> result<std::vector<admit_outcome>> {
+    auto out = admit_in_tx(db, to, items, how);
     if (!out)
       return error{errc::not_found, "session '" + to.str() + "' does not exist; " +
                                         std::to_string(items.size()) + " report(s) not admitted"};
@@ -507,10 +523,10 @@ std::shared_ptr<runtime::one_shot<result<std::vector<bool>>>> task_store::admit_
   return w_.submit(std::move(name), bytes, std::move(fn));
 }
 
-awaitable<result<std::vector<bool>>> task_store::admit(session_id to,
-                                                       std::vector<report_item> items,
-                                                       bool reports) {
-  auto st = admit_submit(std::move(to), std::move(items), reports);
+awaitable<result<std::vector<admit_outcome>>> task_store::admit(session_id to,
+                                                                std::vector<report_item> items,
+                                                                admit_receipts how) {
+  auto st = admit_submit(std::move(to), std::move(items), how);
   co_return co_await st->async_wait(asio::use_awaitable);
 }
 

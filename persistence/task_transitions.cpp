@@ -113,4 +113,13 @@ std::optional<terminal_written> terminal_transition(SQLite::Database& db, const 
   return out;
 }
 
+bool settle_receipt(SQLite::Database& db, const protocol::event_id& id, receipt_state to) {
+  auto& st = cached_statement(
+      db, "UPDATE receipts SET state = ?, updated_at = ? WHERE id = ? AND state = 'pending'");
+  st.bind(1, std::string(to_string(to)));
+  st.bind(2, now_ms());
+  st.bind(3, id.str());
+  return st.exec() == 1;
+}
+
 }  // namespace tether::persistence

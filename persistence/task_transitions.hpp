@@ -109,4 +109,7 @@ std::int64_t insert_receipt_row(SQLite::Database& db, const protocol::job_id& ta
 std::optional<protocol::owner_scope> parent_scope(SQLite::Database& db,
                                                   const protocol::session_id& parent);
 
+/// Moves a pending receipt to `to`; true if it was pending.
+bool settle_receipt(SQLite::Database& db, const protocol::event_id& id, receipt_state to);
+
 }  // namespace tether::persistence

@@ -27,7 +27,7 @@ const std::string& k_tether = test::k_tether_cli;
 // The report path, and the job path of the child's shell. Not in the story: a
 // cancel, and the acknowledgement on acceptance (the shell's receipt prompts
 // the idle child, whose drain acknowledges it; the delivery crash matrix has
-// both).
+// both). The wake of that idle child is here, and only here.
 bool on_report_path(const std::string& p) {
   return p.rfind("report.", 0) == 0 ||
          (p.rfind("delivery.", 0) == 0 && p != "delivery.cancel.after_kill" &&

@@ -22,8 +22,11 @@ namespace {
 
 const std::string& k_tether = test::k_tether_cli;
 
+// Not in the story: the wake of an idle owner (every receipt here is steered
+// into the running turn; the report crash matrix has it).
 bool on_delivery_path(const std::string& p) {
-  return p.rfind("delivery.", 0) == 0 || p.rfind("report.drain.", 0) == 0;
+  return (p.rfind("delivery.", 0) == 0 && p != "delivery.handover.after_admit") ||
+         p.rfind("report.drain.", 0) == 0;
 }
 
 }  // namespace

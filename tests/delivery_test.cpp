@@ -1,6 +1,6 @@
 // The one delivery path (actors/delivery.hpp): every pending receipt of every
-// kind reaches its owner's inbox through the same recheck, owner check, admit
-// and acknowledgement, whoever resends it.
+// kind reaches its owner's inbox through the same owner check, admit (only
+// while pending) and acknowledgement, whoever resends it.
 #include <catch2/catch.hpp>
 
 #include "catch_result.hpp"
@@ -77,6 +77,65 @@ TEST_CASE("a notice whose result its owner already read is not handed over again
   CHECK(state_of(f, r.id) == persistence::receipt_state::read);
 }
 
+TEST_CASE(
+    "a notice's admit checks its receipt is pending and, steered, acknowledges it in the same "
+    "transaction",
+    "[delivery]") {
+  report_fixture f("delivery_admit_notice");
+  REQUIRE(f.sync(f.host->create_session("owner", session_id("s"))));
+  auto steered = ended_job(f, "s");
+  auto prompted = ended_job(f, "s");
+  auto read = ended_job(f, "s");
+  REQUIRE(f.sync(f.host->store().mark_read(read.id)));
+  auto item = [](const persistence::receipt& r) {
+    return persistence::report_item{protocol::notification_id(r.id.str()), std::nullopt, r.body,
+                                    r.id};
+  };
+  using persistence::admit_outcome;
+  using persistence::admit_receipts;
+
+  auto a = f.sync(f.host->store().admit(session_id("s"), {item(steered), item(read)},
+                                        admit_receipts::notices_acked));
+  REQUIRE(a);
+  CHECK(*a == std::vector{admit_outcome::added, admit_outcome::not_pending});
+  CHECK(state_of(f, steered.id) == persistence::receipt_state::acked);
+  CHECK(state_of(f, read.id) == persistence::receipt_state::read);  // not moved back
+
+  auto b = f.sync(f.host->store().admit(session_id("s"), {item(prompted), item(steered)},
+                                        admit_receipts::notices));
+  REQUIRE(b);
+  // The steered one is acknowledged now, so it is not admitted again.
+  CHECK(*b == std::vector{admit_outcome::added, admit_outcome::not_pending});
+  CHECK(state_of(f, prompted.id) == persistence::receipt_state::pending);  // its drain acks it
+
+  auto inbox = f.inbox("s");
+  REQUIRE(inbox.size() == 2);
+  CHECK(inbox[0].nid.str() == steered.id.str());
+  CHECK(inbox[1].nid.str() == prompted.id.str());
+}
+
+TEST_CASE(
+    "a notice its owner already read wakes nobody and, its owner gone, is not reported dropped",
+    "[delivery]") {
+  report_fixture f("delivery_read_live");
+  REQUIRE(f.sync(f.host->create_session("owner", session_id("s"))));
+  auto r = ended_job(f, "s");
+  auto gone = ended_job(f, "nobody");
+  for (auto* x : {&r, &gone}) {
+    REQUIRE(f.sync(f.host->store().mark_read(x->id)));
+    // Live (not boot's recovery): an admitted notice would wake the session.
+    auto handed = f.sync(f.host->delivery().deliver(actors::notice_batch(*x, false)));
+    REQUIRE(handed);
+    CHECK(*handed == 0);
+    CHECK(state_of(f, x->id) == persistence::receipt_state::read);
+  }
+  f.quiet();
+  CHECK(f.inbox("s").empty());
+  CHECK(f.messages_with("s", "exit 2") == 0);
+  std::lock_guard lk(f.m);
+  CHECK(f.warnings.empty());
+}
+
 TEST_CASE("a notice owed to a session of another tenant, or to no session, is dropped unseen",
           "[delivery]") {
   report_fixture f("delivery_owner");
@@ -135,7 +194,7 @@ TEST_CASE("admitting a report acknowledges its terminal receipt in the same tran
       {protocol::notification_id("msg_owed"), session_id("child"), "owed report"}};
   auto admitted = f.sync(f.host->store().admit(session_id("parent"), items));
   REQUIRE(admitted);
-  CHECK(*admitted == std::vector<bool>{true});
+  CHECK(*admitted == std::vector{persistence::admit_outcome::added});
   // No second write: the report is in the inbox and no longer owed, so a
   // crash now leaves boot nothing to resend.
   auto owed = f.host->store().outstanding_jobs();

@@ -9,18 +9,6 @@
 using namespace tether;
 using namespace tether::test;
 
-namespace {
-
-int count_in_transcript(report_fixture& f, const std::string& s, const std::string& text) {
-  auto msgs = f.host->store().messages(session_id(s));
-  REQUIRE(msgs);
-  int n = 0;
-  for (auto& m : *msgs) n += m.text.find(text) != std::string::npos;
-  return n;
-}
-
-}  // namespace
-
 TEST_CASE("an inbox admits a repeated id once and its session learns of the admit before the asker",
           "[inbox]") {
   report_fixture f("inbox_order");
@@ -35,15 +23,15 @@ TEST_CASE("an inbox admits a repeated id once and its session learns of the admi
   auto admit = [&] {
     std::vector<persistence::report_item> items{
         {protocol::notification_id("note_1"), std::nullopt, "the build finished"}};
-    actors::inbox_msg::admit a{std::move(items), true, {}};
+    actors::inbox_msg::admit a{std::move(items), persistence::admit_receipts::notices, {}};
     return f.sync(box->ask(std::move(a)));
   };
   auto first = admit();
   REQUIRE(first);
-  CHECK(*first == std::vector<bool>{true});
+  CHECK(*first == std::vector{persistence::admit_outcome::added});
   auto repeat = admit();
   REQUIRE(repeat);
-  CHECK(*repeat == std::vector<bool>{false});  // dropped by its id
+  CHECK(*repeat == std::vector{persistence::admit_outcome::repeat});  // dropped by its id
 
   // A wake that finds nothing admitted since the last drain is dropped as
   // stale. This one is told after the admit was answered, so it must find
@@ -51,7 +39,7 @@ TEST_CASE("an inbox admits a repeated id once and its session learns of the admi
   actors::session_msg::wake w{actors::wake_scope::steer, true, false, true};
   REQUIRE((*actor)->tell(std::move(w)));
   REQUIRE(f.sync(f.host->wait_idle(*s)));
-  CHECK(count_in_transcript(f, "s", "the build finished") == 1);
+  CHECK(f.messages_with("s", "the build finished") == 1);
   auto inbox = f.inbox("s");
   REQUIRE(inbox.size() == 1);
   CHECK(inbox[0].acked);
@@ -65,11 +53,11 @@ TEST_CASE("an inbox hands a notice over by waking its idle session", "[inbox]") 
   REQUIRE(actor);
   std::vector<persistence::report_item> items{
       {protocol::notification_id("note_2"), std::nullopt, "tests passed"}};
-  actors::inbox_msg::admit a{std::move(items), true, {}};
+  actors::inbox_msg::admit a{std::move(items), persistence::admit_receipts::notices, {}};
   REQUIRE(f.sync((*actor)->inbox()->ask(std::move(a))));
   f.host->hand_over(**actor, actors::wake_scope::input, true);
   f.quiet();  // the hand-over counts as activity until the session handled it
-  CHECK(count_in_transcript(f, "s", "tests passed") == 1);
+  CHECK(f.messages_with("s", "tests passed") == 1);
   auto inbox = f.inbox("s");
   REQUIRE(inbox.size() == 1);
   CHECK(inbox[0].acked);
@@ -112,5 +100,5 @@ TEST_CASE(
   REQUIRE(seen.size() == n);
   for (std::size_t i = 0; i < n; ++i) CHECK(seen[i] == "report " + std::to_string(i));
   for (auto& row : f.inbox("parent")) CHECK(row.acked);
-  CHECK(count_in_transcript(f, "parent", "report ") == static_cast<int>(n));
+  CHECK(f.messages_with("parent", "report ") == static_cast<int>(n));
 }

@@ -492,8 +492,8 @@ TEST_CASE("deleting a session drops what was owed to it and keeps its tasks as h
   auto settled = test::run(store.settle(req));
   REQUIRE(settled);
   REQUIRE(settled->row_written);
-  REQUIRE(test::run(
-      store.admit(session_id("parent"), {{notification_id("msg_other"), {}, "x"}}, false)));
+  REQUIRE(test::run(store.admit(session_id("parent"), {{notification_id("msg_other"), {}, "x"}},
+                                persistence::admit_receipts::notices)));
   REQUIRE(test::run(store.append(session_id("parent"), "user", "prompt", "completed", "hi")));
 
   auto d = test::run(store.delete_session(session_id("parent")));

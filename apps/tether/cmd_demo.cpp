@@ -316,11 +316,12 @@ void jobs_part(const fs::path& root, int& failures) {
          failures);
 
   fs::path crashed = root / "jobs-crash";
-  const char* at = "delivery.handover.after_admit:1";
+  const char* at = "delivery.ack.after_commit:1";
   std::cout << "\nCrash and restart: the jobs story with TETHER_CRASH_AT=" << at << "\n";
   st = run_jobs_story("--story", crashed, d.state_dir, at);
   expect(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL,
-         "the host died by SIGKILL after handing a receipt over, before acknowledging it",
+         "the host died by SIGKILL after a receipt was admitted and acknowledged, before the "
+         "turn was steered",
          failures);
   st = run_jobs_story("--resume", crashed, d.state_dir, nullptr);
   expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the restarted host reattached and finished",
