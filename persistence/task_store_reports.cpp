@@ -187,6 +187,14 @@ void settle_report_receipt(SQLite::Database& db, const notification_id& nid, boo
   rc.exec();
 }
 
+bool receipt_pending(SQLite::Database& db, const event_id& id) {
+  auto& st = cached_statement(db, "SELECT state FROM receipts WHERE id = ?");
+  st.bind(1, id.str());
+  bool pending = st.executeStep() && st.getColumn(0).getString() == "pending";
+  st.reset();
+  return pending;
+}
+
 std::optional<std::vector<admit_outcome>> admit_in_tx(SQLite::Database& db, const session_id& to,
                                                       const std::vector<report_item>& items,
                                                       admit_receipts how) {
@@ -213,11 +221,11 @@ std::optional<std::vector<admit_outcome>> admit_in_tx(SQLite::Database& db, cons
   for (auto& i : items) {
     if (how != admit_receipts::reports && i.receipt) {
       // A notice is handed over only while its receipt is pending: read by a
-      // status call, or handed over already, it is not shown again.
-      auto& state = cached_statement(db, "SELECT state FROM receipts WHERE id = ?");
-      state.bind(1, i.receipt->str());
-      bool pending = state.executeStep() && state.getColumn(0).getString() == "pending";
-      state.reset();
+      // status call, or handed over already, it is not shown again. Steered,
+      // the acknowledgement itself is the check.
+      bool pending = how == admit_receipts::notices_acked
+                         ? settle_receipt(db, *i.receipt, receipt_state::acked)
+                         : receipt_pending(db, *i.receipt);
       if (!pending) {
         out.push_back(admit_outcome::not_pending);
         continue;
@@ -232,10 +240,7 @@ std::optional<std::vector<admit_outcome>> admit_in_tx(SQLite::Database& db, cons
     st.bind(6, now);
     st.bind(7, ++ord);
     out.push_back(st.exec() == 1 ? admit_outcome::added : admit_outcome::repeat);
-    if (how == admit_receipts::reports)
-      settle_report_receipt(db, i.nid, true, now);
-    else if (how == admit_receipts::notices_acked && i.receipt)
-      settle_receipt(db, *i.receipt, receipt_state::acked);
+    if (how == admit_receipts::reports) settle_report_receipt(db, i.nid, true, now);
   }
   return out;
 }
