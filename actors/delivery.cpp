@@ -87,6 +87,10 @@ awaitable<result<int>> delivery::deliver(delivery_batch b) {
     if (std::find(admitted->begin(), admitted->end(), admit_outcome::added) != admitted->end())
       TETHER_CRASH_POINT("report.admit.after_commit");
     if (b.handed_over) b.handed_over();
+    // Boot's recovery resends without a model turn: its phases wake the
+    // parent once every owed receipt is in (seed 002's phase order), so
+    // which sessions boot resumes never races a live wake.
+    if (b.recovering) co_return handed;
     host_.hand_over(**s, wake_scope::steer, false);
     TETHER_CRASH_POINT("report.wake.after_tell");
     co_return handed;

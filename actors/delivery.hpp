@@ -64,7 +64,7 @@ struct delivery_batch {
   /// The receipt scope's tenant, checked against the owner's when given.
   std::optional<protocol::tenant_id> tenant;
   std::vector<outbound> items;  // one owner, one kind, in outbox order
-  /// Boot's recovery: a notice wakes nobody (boot's phases resume sessions).
+  /// Boot's recovery: wakes nobody (boot's phases resume sessions).
   bool recovering = false;
   /// Instrumentation: called after the admit committed, once per batch.
   std::function<void()> handed_over;

@@ -523,6 +523,7 @@ awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
   for (std::size_t at = 0; at < rows.size(); at += k_chunk) {
     delivery_batch b;
     b.owner = parent;
+    b.recovering = true;  // phases 2 and 3 wake the parent
     std::size_t end = std::min(rows.size(), at + k_chunk);
     for (std::size_t i = at; i < end; ++i)
       b.items.push_back({rows[i].nid, std::nullopt, rows[i].child, rows[i].body.value_or("")});
@@ -763,8 +764,8 @@ awaitable<result<boot_report>> host::boot() {
   // Deliver every pending receipt through the one delivery path, owners
   // side by side, each owner's in the outbox's order (each receipt's
   // creation, then id), reports and notices interleaved as they were
-  // written: a notice wakes nobody, a report steers its parent as it would
-  // have live.
+  // written, without a model turn: nobody is woken here; phases 2 and 3
+  // below wake every session with a pending inbox, once all of it is in.
   auto read_outbox = [&store] { return store.pending_receipts_with_kind(); };
   auto pending = co_await store.offload(std::move(read_outbox));
   if (!pending) {

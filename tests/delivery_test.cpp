@@ -185,6 +185,49 @@ TEST_CASE("a report delivered twice reaches its parent's inbox once and its rece
   CHECK(after->empty());  // no longer owed: its terminal receipt was acknowledged
 }
 
+TEST_CASE(
+    "boot's resend of an owed report wakes nobody: the parent takes it when boot's phases resume "
+    "it",
+    "[delivery][recovery][regression]") {
+  report_fixture f("delivery_boot_report_wakes_nobody");
+  auto drains = std::make_shared<std::atomic<int>>(0);
+  f.code("parent")->fn = [drains](agent_context& ctx, drain_input) -> boost::asio::awaitable<void> {
+    ++*drains;
+    co_await ctx.say("read it");
+  };
+  REQUIRE(f.sync(f.host->create_session("parent", session_id("parent"))));
+  f.write_owed_report("parent", "child");
+  auto owed = f.host->store().outstanding_jobs();
+  REQUIRE(owed);
+  REQUIRE(owed->size() == 1);
+  auto row = (*owed)[0];
+
+  // Phase 1's resend: admitted, nobody woken, so which sessions phases 2 and
+  // 3 resume does not depend on how fast a woken turn drains.
+  actors::delivery_batch b;
+  b.owner = session_id("parent");
+  b.recovering = true;
+  b.items.push_back({row.nid, std::nullopt, row.child, row.body.value_or("")});
+  auto handed = f.sync(f.host->delivery().deliver(std::move(b)));
+  REQUIRE(handed);
+  CHECK(*handed == 1);
+  f.quiet();
+  CHECK(*drains == 0);
+  auto inbox = f.inbox("parent");
+  REQUIRE(inbox.size() == 1);
+  CHECK_FALSE(inbox[0].acked);
+
+  // A restart's phase 2 finds it pending and wakes the parent, once.
+  f.restart();
+  f.quiet();
+  CHECK(f.boot.resumed_top == 1);
+  CHECK(*drains == 1);
+  inbox = f.inbox("parent");
+  REQUIRE(inbox.size() == 1);
+  CHECK(inbox[0].acked);
+  CHECK(f.messages_with("parent", "read it") == 1);
+}
+
 TEST_CASE("admitting a report acknowledges its terminal receipt in the same transaction",
           "[delivery]") {
   report_fixture f("delivery_admit_acks");

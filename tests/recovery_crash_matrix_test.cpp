@@ -8,7 +8,9 @@
 // deliveries, the resumed periods), and a second restart runs cleanly. After
 // it the parent holds every owed report exactly once, the child's final
 // report among them, and nothing is left owed or claimed.
+#include <fcntl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <iostream>
@@ -46,6 +48,54 @@ void story_killed_at(const std::filesystem::path& dir, const std::string& state)
   REQUIRE(WTERMSIG(s) == SIGKILL);
 }
 
+// What a killed story left on disk, as far as a restart's path depends on it:
+// each session's claim, counters and transcript length, the inbox, tasks and
+// receipts by state. The story's parent and child run side by side, so the
+// same kill (a point's nth hit) can land in more than one such state.
+std::string story_state(const std::filesystem::path& dir) {
+  SQLite::Database db((dir / "tether.db").string(), SQLite::OPEN_READONLY);
+  std::ostringstream out;
+  auto rows = [&](const char* sql) {
+    SQLite::Statement q(db, sql);
+    int n = q.getColumnCount();
+    while (q.executeStep()) {
+      for (int i = 0; i < n; ++i) out << q.getColumn(i).getText() << ',';
+      out << ';';
+    }
+    out << '|';
+  };
+  rows(
+      "SELECT id, status, time_suspended IS NOT NULL, resume_attempts, seq, input_cursor "
+      "FROM sessions ORDER BY id");
+  rows("SELECT session_id, state, count(*) FROM inbox GROUP BY 1, 2 ORDER BY 1, 2");
+  rows("SELECT kind, state, count(*) FROM tasks GROUP BY 1, 2 ORDER BY 1, 2");
+  rows("SELECT transition, state, count(*) FROM receipts GROUP BY 1, 2 ORDER BY 1, 2");
+  return out.str();
+}
+
+// Kills the story at `state` until it leaves `wanted` on disk (a restart from
+// one state reaches the same points, so a kill the trace saw must recur), at
+// most `tries` times; false if every try left another state.
+bool story_killed_in(const std::filesystem::path& dir, const std::string& state,
+                     const std::string& wanted, int tries) {
+  for (int i = 0; i < tries; ++i) {
+    story_killed_at(dir, state);
+    if (story_state(dir) == wanted) return true;
+    if (i + 1 == tries) break;  // the last one is restarted all the same
+    // Set aside: its shell, if one waits on the gate, is let go (its daemon
+    // then exits once idle), and the directory moves out of the way.
+    int gate = ::open((dir / "gate").c_str(), O_RDWR | O_NONBLOCK);
+    if (gate >= 0) {
+      [[maybe_unused]] auto n = ::write(gate, "go\n", 3);
+      ::close(gate);
+    }
+    auto aside = dir;
+    aside += "-other-" + std::to_string(i);
+    std::filesystem::rename(dir, aside);
+  }
+  return false;
+}
+
 void check_all_delivered_once(const std::filesystem::path& dir) {
   auto o = test::read_report_outcome((dir / "tether.db").string());
   CHECK(o.outbox_rows == 0);       // nothing owed is left undelivered
@@ -68,12 +118,14 @@ TEST_CASE(
   test::scratch_dir root("recovery-matrix");
   std::set<std::string> covered;  // points a restart was killed at
   int runs = 0;
+  int other_states = 0;  // restarts from another state than the traced one
   for (std::size_t si = 0; si < k_owed_states.size(); ++si) {
     const auto& state = k_owed_states[si];
     INFO("the story was killed at " << state);
     // Which points does a clean restart from this state reach, how often?
     auto traced = root.path() / ("trace-" + std::to_string(si));
     story_killed_at(traced, state);
+    const auto traced_state = story_state(traced);
     auto trace = root.path() / ("trace-" + std::to_string(si) + ".log");
     int t = test::run_process(resume(traced), nullptr, {"TETHER_CRASH_TRACE=" + trace.string()});
     REQUIRE(WIFEXITED(t));
@@ -86,14 +138,17 @@ TEST_CASE(
         std::string at = p + ":" + std::to_string(n);
         INFO("the restart was killed at " << at);
         auto dir = root.path() / ("s" + std::to_string(si) + "-" + p + "-" + std::to_string(n));
-        story_killed_at(dir, state);
+        bool same_state = story_killed_in(dir, state, traced_state, 10);
+        if (!same_state) ++other_states;
         int r = test::run_process(resume(dir), nullptr, {"TETHER_CRASH_AT=" + at});
         // That hit did not recur. On the job path this can happen at the first
         // hit too: whether the shell's end is seen by recovery's reattach
         // (recover.*) or by the live follow (delivery.*) depends on when the
-        // daemon reports it. That restart ran to the end: it is checked as one.
+        // daemon reports it. From another state than the traced one (ten
+        // stories in a row landed elsewhere) any point may not recur. That
+        // restart ran to the end: it is checked as one.
         bool job_path = p.rfind("delivery.", 0) == 0 || p.rfind("recover.", 0) == 0;
-        if ((n > 1 || job_path) && WIFEXITED(r) && WEXITSTATUS(r) == 0) {
+        if ((n > 1 || job_path || !same_state) && WIFEXITED(r) && WEXITSTATUS(r) == 0) {
           check_all_delivered_once(dir);
           continue;
         }
@@ -123,7 +178,8 @@ TEST_CASE(
   }
   std::cout << "recovery crash matrix: " << runs << " restarts killed at " << covered.size()
             << " distinct points; boot's points covered: " << boot_covered << " of "
-            << boot_points.size() << " (not reached by the demo story:" << missed << ")\n";
+            << boot_points.size() << " (not reached by the demo story:" << missed << "); "
+            << other_states << " restarts ran from another state than the traced one\n";
   // The job queue's recovery of the child's shell: its lost, ended and resent receipts.
   for (auto p : {"boot.recover.after_jobs", "boot.resume.after_count", "boot.deliver.after_owed",
                  "boot.wake.after_tell", "boot.resume_inbox.after_count",
