@@ -496,6 +496,9 @@ TEST_CASE(
 
   d.daemon.resume();
   idle_agent(d, "s");  // the launcher of the first turn is gone
+  // The live daemon's boot gets a deadline no loaded machine reaches.
+  d.f.jobs.client.deadline = std::chrono::seconds(60);
+  d.f.jobs.client.heartbeat = std::chrono::seconds(5);
   d.f.open();
   CHECK(d.f.boot.jobs.reattached == 1);
   CHECK(d.state_of(j) == owned_state::running);
