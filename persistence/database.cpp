@@ -8,12 +8,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "tether/persistence/schema.hpp"
 #include "tether/protocol/ids.hpp"
@@ -184,7 +188,32 @@ const row_check k_row_checks[] = {
 }  // namespace
 
 result<void> validate_rows(SQLite::Database& db) {
+  // One scan per table when every row is well: a table's checks are ORed
+  // into one query, and only a table that has a bad row runs its checks one
+  // by one, in the list's order, so the row refused is the one checking each
+  // in turn would refuse (a database owing 100,000 reports: ~50 scans of the
+  // big tables became one each).
+  std::vector<std::pair<std::string, std::string>> tables;  // table, ORed checks
   for (const auto& c : k_row_checks) {
+    auto it = std::find_if(tables.begin(), tables.end(),
+                           [&](const auto& t) { return t.first == c.table; });
+    if (it == tables.end()) {
+      tables.emplace_back(c.table, std::string());
+      it = std::prev(tables.end());
+    }
+    it->second += (it->second.empty() ? "(" : " OR (") + std::string(c.bad) + ")";
+  }
+  std::vector<std::string> flagged;
+  for (const auto& [table, any_bad] : tables) {
+    try {
+      SQLite::Statement q(db, "SELECT 1 FROM " + table + " WHERE " + any_bad + " LIMIT 1");
+      if (q.executeStep()) flagged.push_back(table);
+    } catch (const std::exception& e) {
+      return read_error("checking " + table, e);
+    }
+  }
+  for (const auto& c : k_row_checks) {
+    if (std::find(flagged.begin(), flagged.end(), c.table) == flagged.end()) continue;
     std::string sql = std::string("SELECT ") + c.key + ", quote(" + c.field + ") FROM " + c.table +
                       " WHERE " + c.bad + " LIMIT 1";
     try {

@@ -192,3 +192,25 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE(
+    "with bad rows in two tables the refusal names the check listed first, as checking each in "
+    "turn would") {
+  // The inbox's state check is listed before the shell row's tenant check,
+  // though the tasks table has checks on both sides of it: the checks of
+  // one table are scanned together, and only then each in the list's order.
+  report_fixture f("garble_two");
+  stopped_story(f);
+  auto path = f.dir.file("tether.db");
+  {
+    SQLite::Database db(path, SQLite::OPEN_READWRITE);
+    db.exec("UPDATE tasks SET tenant = 'other' WHERE kind = 'shell'");
+    REQUIRE(db.getChanges() == 1);
+    db.exec("UPDATE inbox SET state = 'bogus'");
+    REQUIRE(db.getChanges() == 1);
+  }
+  auto e = f.refused_boot();
+  INFO(e.message);
+  CHECK(e.code == errc::corrupt);
+  CHECK(e.message.find("table 'inbox' key 'parent/msg_x': state:") != std::string::npos);
+}
