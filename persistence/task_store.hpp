@@ -439,7 +439,9 @@ class task_reader {
   result<std::vector<receipt>> pending_receipts();
   /// pending_receipts(), each with the kind of its task ("" if there is no
   /// such task), in one read: what boot's sweeps sort by, without a read per
-  /// receipt.
+  /// receipt. A subagent task's receipt comes without its body: its report
+  /// is its task row's body (outstanding_jobs), so 100,000 owed reports are
+  /// not read twice.
   result<std::vector<std::pair<receipt, std::string>>> pending_receipts_with_kind();
   result<std::optional<receipt>> receipt_by_id(const event_id& id);
   result<std::vector<receipt>> receipts_of(const job_id& job);

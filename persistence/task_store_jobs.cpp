@@ -1,5 +1,8 @@
 #include <SQLiteCpp/Statement.h>
 
+#include <string>
+#include <unordered_map>
+
 #include "tether/persistence/task_store.hpp"
 #include "tether/persistence/task_transitions.hpp"
 #include "tether/protocol/json.hpp"
@@ -127,7 +130,11 @@ result<owned_job> decode_job(SQLite::Statement& q) {
 
 constexpr const char* k_receipt_cols = "id, task_id, transition, scope, body, state, created_at";
 
-result<receipt> decode_receipt(SQLite::Statement& q) {
+// Scopes already decoded in one read, by their text: the receipts of one
+// owner's turn share it, so a read of many decodes each text once.
+using scope_memo = std::unordered_map<std::string, owner_scope>;
+
+result<receipt> decode_receipt_with(SQLite::Statement& q, scope_memo* memo) {
   receipt r;
   r.id = event_id(q.getColumn(0).getString());
   const auto& key = r.id.str();
@@ -138,11 +145,16 @@ result<receipt> decode_receipt(SQLite::Statement& q) {
   if (r.id != protocol::make_event_id(r.job, r.transition))
     return corrupt_row("receipts", key,
                        "id: does not match job '" + r.job.str() + "' and transition '" + t + "'");
-  auto scope = protocol::decode_text<owner_scope>(
-      q.getColumn(3).getString(),
-      [](const json::value& v) { return protocol::scope_from_json(v); });
-  if (!scope) return corrupt_row("receipts", key, "scope: " + scope.error().describe());
-  r.scope = std::move(*scope);
+  auto text = q.getColumn(3).getString();
+  if (auto hit = memo ? memo->find(text) : scope_memo::iterator{}; memo && hit != memo->end()) {
+    r.scope = hit->second;
+  } else {
+    auto scope = protocol::decode_text<owner_scope>(
+        text, [](const json::value& v) { return protocol::scope_from_json(v); });
+    if (!scope) return corrupt_row("receipts", key, "scope: " + scope.error().describe());
+    r.scope = std::move(*scope);
+    if (memo) memo->emplace(std::move(text), r.scope);
+  }
   r.body = q.getColumn(4).getString();
   auto state = q.getColumn(5).getString();
   using S = receipt_state;
@@ -150,6 +162,10 @@ result<receipt> decode_receipt(SQLite::Statement& q) {
     return corrupt_row("receipts", key, "state: unknown value '" + state + "'");
   r.created_at = q.getColumn(6).getInt64();
   return r;
+}
+
+result<receipt> decode_receipt(SQLite::Statement& q) {
+  return decode_receipt_with(q, nullptr);
 }
 
 }  // namespace
@@ -203,14 +219,16 @@ result<std::vector<receipt>> task_reader::pending_receipts() {
 }
 
 result<std::vector<std::pair<receipt, std::string>>> task_reader::pending_receipts_with_kind() {
-  auto decode = [](SQLite::Statement& q) -> result<std::pair<receipt, std::string>> {
-    auto r = decode_receipt(q);
+  auto decode = [memo = scope_memo{}](
+                    SQLite::Statement& q) mutable -> result<std::pair<receipt, std::string>> {
+    auto r = decode_receipt_with(q, &memo);
     if (!r) return r.error();
     return std::pair<receipt, std::string>{std::move(*r), q.getColumn(7).getString()};
   };
   return read_all<std::pair<receipt, std::string>>(
       readers_,
-      "SELECT r.id, r.task_id, r.transition, r.scope, r.body, r.state, r.created_at, "
+      "SELECT r.id, r.task_id, r.transition, r.scope, "
+      "CASE WHEN t.kind = 'subagent' THEN '' ELSE r.body END, r.state, r.created_at, "
       "coalesce(t.kind, '') FROM receipts r LEFT JOIN tasks t ON t.id = r.task_id WHERE r.state "
       "NOT IN ('acked','read','dropped') ORDER BY r.created_at, r.id",
       "reading pending receipts", {}, decode);
