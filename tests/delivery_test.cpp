@@ -42,6 +42,21 @@ persistence::receipt_state state_of(report_fixture& f, const protocol::event_id&
   return (*r)->state;
 }
 
+// The one report write_owed_report left owed, and a batch delivering it.
+persistence::job_row the_owed_report(report_fixture& f) {
+  auto owed = f.host->store().outstanding_jobs();
+  REQUIRE(owed);
+  REQUIRE(owed->size() == 1);
+  return (*owed)[0];
+}
+actors::delivery_batch report_batch(const persistence::job_row& row, bool recovering = false) {
+  actors::delivery_batch b;
+  b.owner = *row.parent;
+  b.recovering = recovering;
+  b.items.push_back({row.nid, std::nullopt, row.child, row.body.value_or("")});
+  return b;
+}
+
 }  // namespace
 
 TEST_CASE("a notice resent through the delivery path is admitted once and stays owed until read",
@@ -163,16 +178,10 @@ TEST_CASE("a report delivered twice reaches its parent's inbox once and its rece
   report_fixture f("delivery_report");
   REQUIRE(f.sync(f.host->create_session("parent", session_id("parent"))));
   f.write_owed_report("parent", "child");
-  auto owed = f.host->store().outstanding_jobs();
-  REQUIRE(owed);
-  REQUIRE(owed->size() == 1);
-  auto row = (*owed)[0];
+  auto row = the_owed_report(f);
   REQUIRE(row.owed);
   for (int i = 0; i < 2; ++i) {
-    actors::delivery_batch b;
-    b.owner = session_id("parent");
-    b.items.push_back({row.nid, std::nullopt, row.child, row.body.value_or("")});
-    auto handed = f.sync(f.host->delivery().deliver(std::move(b)));
+    auto handed = f.sync(f.host->delivery().deliver(report_batch(row)));
     REQUIRE(handed);
   }
   f.quiet();
@@ -197,18 +206,11 @@ TEST_CASE(
   };
   REQUIRE(f.sync(f.host->create_session("parent", session_id("parent"))));
   f.write_owed_report("parent", "child");
-  auto owed = f.host->store().outstanding_jobs();
-  REQUIRE(owed);
-  REQUIRE(owed->size() == 1);
-  auto row = (*owed)[0];
+  auto row = the_owed_report(f);
 
   // Phase 1's resend: admitted, nobody woken, so which sessions phases 2 and
   // 3 resume does not depend on how fast a woken turn drains.
-  actors::delivery_batch b;
-  b.owner = session_id("parent");
-  b.recovering = true;
-  b.items.push_back({row.nid, std::nullopt, row.child, row.body.value_or("")});
-  auto handed = f.sync(f.host->delivery().deliver(std::move(b)));
+  auto handed = f.sync(f.host->delivery().deliver(report_batch(row, /*recovering=*/true)));
   REQUIRE(handed);
   CHECK(*handed == 1);
   f.quiet();
