@@ -146,8 +146,9 @@ result<receipt> decode_receipt_with(SQLite::Statement& q, scope_memo* memo) {
     return corrupt_row("receipts", key,
                        "id: does not match job '" + r.job.str() + "' and transition '" + t + "'");
   auto text = q.getColumn(3).getString();
-  if (auto hit = memo ? memo->find(text) : scope_memo::iterator{}; memo && hit != memo->end()) {
-    r.scope = hit->second;
+  auto known = memo ? memo->find(text) : scope_memo::iterator{};
+  if (memo && known != memo->end()) {
+    r.scope = known->second;
   } else {
     auto scope = protocol::decode_text<owner_scope>(
         text, [](const json::value& v) { return protocol::scope_from_json(v); });
