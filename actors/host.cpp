@@ -815,8 +815,10 @@ awaitable<result<boot_report>> host::boot() {
   }
 
   // Phases 2 and 3: resume suspended sessions, top-level first. A session
-  // with reports waiting in its inbox is woken too.
-  auto refreshed = co_await store.offload(read_sessions);
+  // with reports waiting in its inbox is woken too. Read again (phase 1
+  // settled some), but only the sessions these phases may wake.
+  auto read_resumable = [&store] { return store.sessions_to_resume(); };
+  auto refreshed = co_await store.offload(std::move(read_resumable));
   if (!refreshed)
     co_return error{refreshed.error().code, "refusing to boot: " + refreshed.error().message};
   auto read_pending = [&store] { return store.sessions_with_pending_inbox(); };

@@ -576,7 +576,9 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   auto read_live = [this] { return store_.live_jobs(); };
   auto live = co_await store_.offload(std::move(read_live));
   if (!live) co_return refuse(live.error());
-  auto read_pending = [this] { return store_.pending_receipts_with_kind(); };
+  auto read_pending = [this] {
+    return store_.pending_receipts_with_kind(persistence::task_reader::receipt_kinds::but_subagent);
+  };
   auto pending = co_await store_.offload(std::move(read_pending));
   if (!pending) co_return refuse(pending.error());
 
@@ -634,7 +636,9 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   // Stale receipts: another scope than their job's, an older generation than
   // the bound one, or an owner that is gone. The others are boot's to resend.
   // One read for all of them: only a shell's receipt needs its job's row
-  // (store_.job reads shells only, so any other kind has none).
+  // (store_.job reads shells only, so any other kind has none). A subagent
+  // task's receipts are not read (the report path delivers them, and its
+  // scope has no sandbox): 100,000 owed reports cost this check nothing.
   auto read_stale =
       [this,
        pending = std::move(*pending)]() -> result<std::vector<std::pair<event_id, std::string>>> {
@@ -647,7 +651,8 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
         if (!read) return read.error();
         j = std::move(*read);
       }
-      // A subagent job's receipt (no sandbox): the report path owns its delivery.
+      // Another kind's receipt without a sandbox (a delegate's, a goal's):
+      // nothing of this queue's to check.
       if (!j && r.scope.sandbox.empty() && r.scope.generation == 0) continue;
       std::string why;
       if (!j) {

@@ -406,6 +406,11 @@ class task_reader {
   /// session(), read off the caller's executor (offload): how an actor reads a row.
   awaitable<result<std::optional<session_row>>> load_session(session_id s);
   result<std::vector<session_row>> sessions();
+  /// The sessions boot's phases 2 and 3 may resume, in sessions()' order:
+  /// mid-turn (suspended), with a pending inbox row, or the child of a live
+  /// subagent task. Every other session is idle with nothing owed to it,
+  /// and is not read (100,000 idle children: not decoded a second time).
+  result<std::vector<session_row>> sessions_to_resume();
   /// Every subagent task, delivered ones included, oldest first.
   result<std::vector<job_row>> jobs();
   /// Every task of a kind no store operation handles (history), oldest first.
@@ -429,20 +434,32 @@ class task_reader {
   /// Every receipt, oldest first.
   result<std::vector<receipt>> all_receipts();
   result<std::optional<owned_job>> job(const job_id& id);
-  /// Jobs not yet terminal (admitted or running), oldest first. A row whose
-  /// state word is unknown is refused (errc::corrupt), never skipped.
+  /// Jobs not yet terminal (admitted or running), oldest first, read through
+  /// the live tasks' index (not a scan of every task's row). A row whose
+  /// state word is unknown is not read here but refused by validate(), which
+  /// boot runs before the job queue's recovery reads this.
   result<std::vector<owned_job>> live_jobs();
   /// Every job of one turn, oldest first.
   result<std::vector<owned_job>> jobs_of_turn(const protocol::session_id& thread,
                                               const protocol::turn_id& turn);
   /// Receipts owed (pending), oldest first; an unknown state word is refused.
   result<std::vector<receipt>> pending_receipts();
-  /// pending_receipts(), each with the kind of its task ("" if there is no
+  /// Which pending receipts pending_receipts_with_kind reads.
+  enum class receipt_kinds {
+    all,
+    /// Every kind's but a subagent task's (whose report the report path
+    /// delivers): what the job queue's recovery checks for staleness.
+    but_subagent,
+  };
+  /// The pending receipts, each with the kind of its task ("" if there is no
   /// such task), in one read: what boot's sweeps sort by, without a read per
   /// receipt. A subagent task's receipt comes without its body: its report
   /// is its task row's body (outstanding_jobs), so 100,000 owed reports are
-  /// not read twice.
-  result<std::vector<std::pair<receipt, std::string>>> pending_receipts_with_kind();
+  /// not read twice. Read through the receipts' pending index, in outbox
+  /// order, without a sort: a receipt whose state word is unknown is not
+  /// read here but refused by validate(), which boot runs first.
+  result<std::vector<std::pair<receipt, std::string>>> pending_receipts_with_kind(
+      receipt_kinds which = receipt_kinds::all);
   result<std::optional<receipt>> receipt_by_id(const event_id& id);
   result<std::vector<receipt>> receipts_of(const job_id& job);
   /// The generation this host is bound to for `sandbox`, if any.

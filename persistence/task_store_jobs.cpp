@@ -194,10 +194,8 @@ result<std::vector<owned_job>> task_reader::live_jobs() {
   return read_all<owned_job>(
       readers_,
       std::string("SELECT ") + k_job_cols +
-          // Every row that is not known to be terminal: a state
-          // word nobody knows is read, and refused, not skipped.
-          " FROM tasks WHERE kind = 'shell' AND state NOT IN "
-          "('completed','failed','cancelled','lost') ORDER BY created_at, id",
+          " FROM tasks WHERE state IN ('admitted','running') AND kind = 'shell' "
+          "ORDER BY created_at, id",
       "reading live owned jobs", {}, decode_job);
 }
 
@@ -219,20 +217,29 @@ result<std::vector<receipt>> task_reader::pending_receipts() {
                            "reading pending receipts", {}, decode_receipt);
 }
 
-result<std::vector<std::pair<receipt, std::string>>> task_reader::pending_receipts_with_kind() {
+result<std::vector<std::pair<receipt, std::string>>> task_reader::pending_receipts_with_kind(
+    receipt_kinds which) {
   auto decode = [memo = scope_memo{}](
                     SQLite::Statement& q) mutable -> result<std::pair<receipt, std::string>> {
     auto r = decode_receipt_with(q, &memo);
     if (!r) return r.error();
     return std::pair<receipt, std::string>{std::move(*r), q.getColumn(7).getString()};
   };
-  return read_all<std::pair<receipt, std::string>>(
-      readers_,
+  // `state = 'pending'` walks receipts_pending, which is in the outbox's
+  // order: 100,000 owed reports are neither scanned among the acknowledged
+  // ones nor sorted.
+  static constexpr const char* k_all =
       "SELECT r.id, r.task_id, r.transition, r.scope, "
       "CASE WHEN t.kind = 'subagent' THEN '' ELSE r.body END, r.state, r.created_at, "
-      "coalesce(t.kind, '') FROM receipts r LEFT JOIN tasks t ON t.id = r.task_id WHERE r.state "
-      "NOT IN ('acked','read','dropped') ORDER BY r.created_at, r.id",
-      "reading pending receipts", {}, decode);
+      "coalesce(t.kind, '') FROM receipts r LEFT JOIN tasks t ON t.id = r.task_id "
+      "WHERE r.state = 'pending' ORDER BY r.created_at, r.id";
+  static constexpr const char* k_but_subagent =
+      "SELECT r.id, r.task_id, r.transition, r.scope, r.body, r.state, r.created_at, "
+      "coalesce(t.kind, '') FROM receipts r LEFT JOIN tasks t ON t.id = r.task_id "
+      "WHERE r.state = 'pending' AND t.kind IS NOT 'subagent' ORDER BY r.created_at, r.id";
+  return read_all<std::pair<receipt, std::string>>(
+      readers_, which == receipt_kinds::all ? k_all : k_but_subagent, "reading pending receipts",
+      {}, decode);
 }
 
 result<std::optional<receipt>> task_reader::receipt_by_id(const event_id& id) {

@@ -315,3 +315,50 @@ TEST_CASE(
   CHECK(f.boot.delivered == 0);
   CHECK(bodies_with(f, "parent", "owed report") == 1);
 }
+
+TEST_CASE(
+    "boot's phases read again only the sessions they may wake: mid-turn, with a pending inbox "
+    "row, or the child of a live subagent task, in creation order",
+    "[recovery]") {
+  report_fixture f("resume-read");
+  for (auto name : {"idle", "suspended", "waiting", "child", "owner"})
+    REQUIRE(f.sync(f.host->create_session("agent", session_id(name))));
+  // A report admitted without a wake (as boot's resend admits one): pending.
+  actors::delivery_batch b;
+  b.owner = session_id("waiting");
+  b.recovering = true;
+  b.items.push_back({protocol::notification_id("msg_w"), std::nullopt, std::nullopt, "report"});
+  REQUIRE(f.sync(f.host->delivery().deliver(std::move(b))));
+  f.close();
+  {
+    SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
+    // Creation order, not the ids' order (the ties of one millisecond).
+    db.exec(
+        "UPDATE sessions SET created_at = CASE id WHEN 'idle' THEN 1 WHEN 'suspended' THEN 2 "
+        "WHEN 'waiting' THEN 3 WHEN 'child' THEN 4 ELSE 5 END");
+    db.exec("UPDATE sessions SET time_suspended = 1 WHERE id = 'suspended'");
+    db.exec(
+        "INSERT INTO tasks (id, notification_id, kind, mode, parent_id, child_id, state, body, "
+        "payload, created_at, updated_at) VALUES ('job_live', 'msg_live', 'subagent', "
+        "'background', 'owner', 'child', 'running', NULL, '{\"description\": \"d\"}', 0, 0)");
+    // A delivered task's child owes nothing: not read.
+    db.exec(
+        "INSERT INTO tasks (id, notification_id, kind, mode, parent_id, child_id, state, body, "
+        "payload, created_at, updated_at) VALUES ('job_done', 'msg_done', 'subagent', "
+        "'background', 'owner', 'idle', 'completed', 'b', '{\"description\": \"d\"}', 0, 0)");
+  }
+  actors::host_options o;
+  o.db_path = f.dir.file("tether.db");
+  o.agents = f.agents;
+  auto h = actors::host::open(o);
+  REQUIRE(h);
+  auto read = (*h)->store().sessions_to_resume();
+  (*h)->shutdown();
+  REQUIRE(read);
+  std::vector<std::string> ids;
+  for (auto& s : *read) ids.push_back(s.id.str());
+  CHECK(ids == std::vector<std::string>{"suspended", "waiting", "child"});
+  REQUIRE(read->size() == 3);
+  CHECK((*read)[0].time_suspended);
+  CHECK_FALSE((*read)[1].time_suspended);
+}
