@@ -750,41 +750,20 @@ result<std::optional<session_row>> task_reader::session(const session_id& s) {
 }
 
 result<std::vector<session_row>> task_reader::sessions() {
-  try {
-    auto db = readers_.acquire();
-    auto& q = db.statement(std::string("SELECT ") + k_session_cols +
-                           " FROM sessions ORDER BY created_at, id");
-    std::vector<session_row> out;
-    while (q.executeStep()) {
-      auto r = decode_session(q);
-      if (!r) return r.error();
-      out.push_back(std::move(*r));
-    }
-    return out;
-  } catch (const std::exception& e) {
-    return read_error("reading sessions", e);
-  }
+  return read_all<session_row>(
+      readers_, std::string("SELECT ") + k_session_cols + " FROM sessions ORDER BY created_at, id",
+      "reading sessions", {}, decode_session);
 }
 
 result<std::vector<session_row>> task_reader::sessions_to_resume() {
-  try {
-    auto db = readers_.acquire();
-    auto& q = db.statement(
-        std::string("SELECT ") + k_session_cols +
-        " FROM sessions WHERE time_suspended IS NOT NULL "
-        "OR EXISTS (SELECT 1 FROM inbox WHERE session_id = sessions.id AND state = 'pending') "
-        "OR id IN (SELECT child_id FROM tasks WHERE state IN ('admitted', 'running') "
-        "AND kind = 'subagent') ORDER BY created_at, id");
-    std::vector<session_row> out;
-    while (q.executeStep()) {
-      auto r = decode_session(q);
-      if (!r) return r.error();
-      out.push_back(std::move(*r));
-    }
-    return out;
-  } catch (const std::exception& e) {
-    return read_error("reading the sessions to resume", e);
-  }
+  return read_all<session_row>(
+      readers_,
+      std::string("SELECT ") + k_session_cols +
+          " FROM sessions WHERE time_suspended IS NOT NULL "
+          "OR EXISTS (SELECT 1 FROM inbox WHERE session_id = sessions.id AND state = 'pending') "
+          "OR id IN (SELECT child_id FROM tasks WHERE state IN ('admitted', 'running') "
+          "AND kind = 'subagent') ORDER BY created_at, id",
+      "reading the sessions to resume", {}, decode_session);
 }
 
 result<std::vector<history_task>> task_reader::history_tasks() {
