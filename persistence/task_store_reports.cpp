@@ -760,7 +760,10 @@ result<std::vector<session_row>> task_reader::sessions_to_resume() {
       readers_,
       std::string("SELECT ") + k_session_cols +
           " FROM sessions WHERE time_suspended IS NOT NULL "
-          "OR EXISTS (SELECT 1 FROM inbox WHERE session_id = sessions.id AND state = 'pending') "
+          // The pending rows' index: a long-lived session's acknowledged
+          // history is not walked (the planner picks the primary key).
+          "OR EXISTS (SELECT 1 FROM inbox INDEXED BY inbox_pending "
+          "WHERE session_id = sessions.id AND state = 'pending') "
           "OR id IN (SELECT child_id FROM tasks WHERE state IN ('admitted', 'running') "
           "AND kind = 'subagent') ORDER BY created_at, id",
       "reading the sessions to resume", {}, decode_session);
