@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <cstdio>
@@ -662,14 +663,27 @@ awaitable<result<boot_report>> host::boot() {
   // Phase 1 delivers every pending receipt (the notices of owned jobs that
   // ended while the host was down included) below, once the running
   // subagent rows are bound, each owner's in its outbox order.
+  // The sessions, the running tasks and owed reports (delivered tasks are
+  // history), and the pending receipts: three reads of what is committed,
+  // side by side on the read threads. The writes of phase 1's first loop
+  // below come after them: a report it clears has no owed row to match its
+  // receipt, and one it settles out of resumes goes out after its parent's
+  // other entries, where its receipt (the newest) would have put it.
   auto& store = *store_;
   auto read_sessions = [&store] { return store.sessions(); };
-  auto sessions = co_await store.offload(read_sessions);
+  auto read_jobs = [&store] { return store.outstanding_jobs(); };
+  auto read_outbox = [&store] { return store.pending_receipts_with_kind(); };
+  auto sessions_read = store.offload(std::move(read_sessions));
+  auto jobs_read = store.offload(std::move(read_jobs));
+  auto outbox_read = store.offload(std::move(read_outbox));
+  using namespace asio::experimental::awaitable_operators;
+  auto reads =
+      co_await (std::move(sessions_read) && std::move(jobs_read) && std::move(outbox_read));
+  auto& sessions = std::get<0>(reads);
+  auto& jobs = std::get<1>(reads);
+  auto& pending = std::get<2>(reads);
   if (!sessions)
     co_return error{sessions.error().code, "refusing to boot: " + sessions.error().message};
-  // Running tasks and owed reports; delivered tasks are history.
-  auto read_jobs = [&store] { return store.outstanding_jobs(); };
-  auto jobs = co_await store.offload(std::move(read_jobs));
   if (!jobs) co_return error{jobs.error().code, "refusing to boot: " + jobs.error().message};
   // Children whose claimed period was woken by their inbox: resumed below,
   // never released (releasing would drop the report their settle owes).
@@ -766,8 +780,6 @@ awaitable<result<boot_report>> host::boot() {
   // creation, then id), reports and notices interleaved as they were
   // written, without a model turn: nobody is woken here; phases 2 and 3
   // below wake every session with a pending inbox, once all of it is in.
-  auto read_outbox = [&store] { return store.pending_receipts_with_kind(); };
-  auto pending = co_await store.offload(std::move(read_outbox));
   if (!pending) {
     auto w = "boot: pending receipts were not read: " + pending.error().message +
              "; they stay pending for the next boot";
