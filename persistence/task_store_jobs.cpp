@@ -228,18 +228,15 @@ result<std::vector<std::pair<receipt, std::string>>> task_reader::pending_receip
   // `state = 'pending'` walks receipts_pending, which is in the outbox's
   // order: 100,000 owed reports are neither scanned among the acknowledged
   // ones nor sorted.
-  static constexpr const char* k_all =
+  std::string sql =
       "SELECT r.id, r.task_id, r.transition, r.scope, "
       "CASE WHEN t.kind = 'subagent' THEN '' ELSE r.body END, r.state, r.created_at, "
       "coalesce(t.kind, '') FROM receipts r LEFT JOIN tasks t ON t.id = r.task_id "
-      "WHERE r.state = 'pending' ORDER BY r.created_at, r.id";
-  static constexpr const char* k_but_subagent =
-      "SELECT r.id, r.task_id, r.transition, r.scope, r.body, r.state, r.created_at, "
-      "coalesce(t.kind, '') FROM receipts r LEFT JOIN tasks t ON t.id = r.task_id "
-      "WHERE r.state = 'pending' AND t.kind IS NOT 'subagent' ORDER BY r.created_at, r.id";
-  return read_all<std::pair<receipt, std::string>>(
-      readers_, which == receipt_kinds::all ? k_all : k_but_subagent, "reading pending receipts",
-      {}, decode);
+      "WHERE r.state = 'pending' ";
+  if (which == receipt_kinds::but_subagent) sql += "AND t.kind IS NOT 'subagent' ";
+  sql += "ORDER BY r.created_at, r.id";
+  return read_all<std::pair<receipt, std::string>>(readers_, sql, "reading pending receipts", {},
+                                                   decode);
 }
 
 result<std::optional<receipt>> task_reader::receipt_by_id(const event_id& id) {
