@@ -149,13 +149,19 @@ std::string sqlite_message(const std::exception& e);
 /// A row that does not parse: refused, naming table, key and problem, and left as it is.
 error corrupt_row(std::string_view table, const std::string& key, const std::string& problem);
 
-/// Every persisted field a boot decides on, checked in the caller's
-/// connection (read only): an unknown state word, a busy session without its
-/// turn or claim, a message without text, an empty tenant, an owned job whose
-/// columns disagree with its scope, a negative or non-integer counter. The
-/// first row that does not validate is refused with corrupt_row(), naming
-/// table, key and field; nothing is changed.
-result<void> validate_rows(SQLite::Database& db);
+/// Every persisted field a boot decides on is checked in two steps, in the
+/// caller's connections (read only): an unknown state word, a busy session
+/// without its turn or claim, a message without text, an empty tenant, an
+/// owned job whose columns disagree with its scope, a negative or
+/// non-integer counter. First each table of validated_tables() is scanned
+/// once for any row failing any of its checks (table_has_bad_row: several
+/// connections may share the tables); then, only if a table was flagged,
+/// refuse_first_bad_row() runs the checks one by one over the flagged tables
+/// and refuses the first row that does not validate with corrupt_row(),
+/// naming table, key and field. Nothing is changed.
+const std::vector<std::string>& validated_tables();
+result<bool> table_has_bad_row(SQLite::Database& db, const std::string& table);
+result<void> refuse_first_bad_row(SQLite::Database& db, const std::vector<std::string>& flagged);
 
 /// A read that SQLite failed: what was being read, and what SQLite said.
 error read_error(std::string_view what, const std::exception& e);

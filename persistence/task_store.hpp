@@ -525,8 +525,9 @@ class task_store : public task_reader {
 
   writer& db_writer() { return w_; }
 
-  /// validate_rows() on the writer's connection (off the caller's executor):
-  /// boot refuses to start on a row that does not validate.
+  /// Every row checked (table_has_bad_row, then refuse_first_bad_row) on the
+  /// read threads, the tables shared between them: boot refuses to start on
+  /// a row that does not validate.
   awaitable<result<void>> validate();
   /// Children that hold a claim and owe no running job row, whose claimed
   /// busy period took only inbox items (reports, shell or job notices) past
