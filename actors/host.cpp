@@ -663,25 +663,27 @@ awaitable<result<boot_report>> host::boot() {
   // Phase 1 delivers every pending receipt (the notices of owned jobs that
   // ended while the host was down included) below, once the running
   // subagent rows are bound, each owner's in its outbox order.
-  // The sessions, the running tasks and owed reports (delivered tasks are
-  // history), and the pending receipts: three reads of what is committed,
-  // side by side on the read threads. The writes of phase 1's first loop
-  // below come after them: a report it clears has no owed row to match its
-  // receipt, and one it settles out of resumes goes out after its parent's
-  // other entries, where its receipt (the newest) would have put it.
+  // The pending receipts, the running tasks and owed reports (delivered
+  // tasks are history), and the sessions' links: three reads of what is
+  // committed, side by side on the two read threads, the shortest (the
+  // links) started last, so it runs beside the longer two instead of after
+  // them. The writes of phase 1's first loop below come after them: a
+  // report it clears has no owed row to match its receipt, and one it
+  // settles out of resumes goes out after its parent's other entries, where
+  // its receipt (the newest) would have put it.
   auto& store = *store_;
-  auto read_sessions = [&store] { return store.sessions(); };
-  auto read_jobs = [&store] { return store.outstanding_jobs(); };
   auto read_outbox = [&store] { return store.pending_receipts_with_kind(); };
-  auto sessions_read = store.offload(std::move(read_sessions));
-  auto jobs_read = store.offload(std::move(read_jobs));
+  auto read_jobs = [&store] { return store.outstanding_jobs(); };
+  auto read_sessions = [&store] { return store.session_links(); };
   auto outbox_read = store.offload(std::move(read_outbox));
+  auto jobs_read = store.offload(std::move(read_jobs));
+  auto sessions_read = store.offload(std::move(read_sessions));
   using namespace asio::experimental::awaitable_operators;
   auto reads =
-      co_await (std::move(sessions_read) && std::move(jobs_read) && std::move(outbox_read));
-  auto& sessions = std::get<0>(reads);
+      co_await (std::move(outbox_read) && std::move(jobs_read) && std::move(sessions_read));
+  auto& pending = std::get<0>(reads);
   auto& jobs = std::get<1>(reads);
-  auto& pending = std::get<2>(reads);
+  auto& sessions = std::get<2>(reads);
   if (!sessions)
     co_return error{sessions.error().code, "refusing to boot: " + sessions.error().message};
   if (!jobs) co_return error{jobs.error().code, "refusing to boot: " + jobs.error().message};
@@ -694,7 +696,8 @@ awaitable<result<boot_report>> host::boot() {
   // here: boot never reads a session actor's state.
   std::map<session_id, bool> link_delivers;
   for (auto& s : *sessions) link_delivers[s.id] = s.parent && s.notify.value_or(true);
-  for (auto& s : *sessions) directory_.add(s.id, s.parent, s.agent, s.description);
+  for (auto& s : *sessions)
+    directory_.add(s.id, s.parent, std::move(s.agent), std::move(s.description));
 
   // Phase 1: deliver terminal rows as they are; count this boot against the
   // resume budget of each child with running rows, once per child however

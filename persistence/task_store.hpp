@@ -91,6 +91,17 @@ struct session_row {
   const session_id& tree_root() const { return budget_root ? *budget_root : id; }
 };
 
+/// What boot reads of every session: its entry in the session directory
+/// and whether its link to its parent delivers. The rest of a session's row
+/// is read when it loads.
+struct session_link {
+  session_id id;
+  std::optional<session_id> parent;
+  std::optional<bool> notify;  // nullopt = default (on)
+  std::string description;
+  std::string agent;
+};
+
 struct message_row {
   std::int64_t seq = 0;
   std::string role;    // user | assistant
@@ -406,6 +417,11 @@ class task_reader {
   /// session(), read off the caller's executor (offload): how an actor reads a row.
   awaitable<result<std::optional<session_row>>> load_session(session_id s);
   result<std::vector<session_row>> sessions();
+  /// Every session's link, in no order (boot's directory): five columns and
+  /// no sort, not the whole row in creation order. Its policy is decoded as
+  /// sessions() decodes it, so a policy that does not decode is refused here
+  /// too (validate() checks only that it is JSON).
+  result<std::vector<session_link>> session_links();
   /// The sessions boot's phases 2 and 3 may resume, in sessions()' order:
   /// mid-turn (suspended), with a pending inbox row, or the child of a live
   /// subagent task. Every other session is idle with nothing owed to it,

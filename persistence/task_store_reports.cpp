@@ -786,6 +786,27 @@ result<std::vector<session_row>> task_reader::sessions() {
       "reading sessions", {}, decode_session);
 }
 
+result<std::vector<session_link>> task_reader::session_links() {
+  auto decode = [](SQLite::Statement& q) -> result<session_link> {
+    session_link r;
+    r.id = session_id(q.getColumn(0).getString());
+    if (auto p = opt_text(q.getColumn(1))) r.parent = session_id(*p);
+    if (!q.getColumn(2).isNull()) r.notify = q.getColumn(2).getInt() != 0;
+    r.description = q.getColumn(3).getString();
+    r.agent = q.getColumn(4).getString();
+    if (auto text = opt_text(q.getColumn(5))) {
+      auto v = protocol::parse_json(*text);
+      if (!v) return corrupt_row("sessions", r.id.str(), "policy: " + v.error().describe());
+      auto p = protocol::policy_from_json(*v);
+      if (!p) return corrupt_row("sessions", r.id.str(), p.error().describe());
+    }
+    return r;
+  };
+  return read_all<session_link>(
+      readers_, "SELECT id, parent_id, parent_notify, description, agent, policy FROM sessions",
+      "reading the sessions' links", {}, decode);
+}
+
 result<std::vector<session_row>> task_reader::sessions_to_resume() {
   return read_all<session_row>(
       readers_,

@@ -214,3 +214,27 @@ TEST_CASE(
   CHECK(e.code == errc::corrupt);
   CHECK(e.message.find("table 'inbox' key 'parent/msg_x': state:") != std::string::npos);
 }
+
+TEST_CASE(
+    "a session policy that is JSON but not a policy refuses the boot naming the session, though "
+    "boot reads only the sessions' links") {
+  // validate() checks only that a policy is JSON; boot's read of every
+  // session decodes the policy as a loaded session would, so the refusal
+  // comes before anything runs, not when the session first loads.
+  report_fixture f("garble_policy");
+  stopped_story(f);
+  auto path = f.dir.file("tether.db");
+  {
+    SQLite::Database db(path, SQLite::OPEN_READWRITE);
+    db.exec("UPDATE sessions SET policy = '{\"tools\":null}' WHERE id = 'parent'");
+    REQUIRE(db.getChanges() == 1);
+  }
+  REQUIRE_FALSE(std::filesystem::exists(path + "-wal"));
+  auto before = test::file_bytes(path);
+  auto e = f.refused_boot();
+  INFO(e.message);
+  CHECK(e.code == errc::corrupt);
+  CHECK(e.message.find("refusing to boot") != std::string::npos);
+  CHECK(e.message.find("table 'sessions' key 'parent': policy") != std::string::npos);
+  CHECK(test::file_bytes(path) == before);
+}
