@@ -272,6 +272,18 @@ constexpr const char* k_session_cols =
     "seq, revert_staged, input_cursor, idle_outcome, tenant, turn, job_notify, job_policy, "
     "policy, depth, budget_root, task_id";
 
+// A session's policy column: NULL (the host's default) or a policy.
+result<std::optional<protocol::session_policy>> decode_policy(const SQLite::Column& c,
+                                                              const session_id& s) {
+  auto text = opt_text(c);
+  if (!text) return std::optional<protocol::session_policy>{};
+  auto v = protocol::parse_json(*text);
+  if (!v) return corrupt_row("sessions", s.str(), "policy: " + v.error().describe());
+  auto p = protocol::policy_from_json(*v);
+  if (!p) return corrupt_row("sessions", s.str(), p.error().describe());
+  return std::optional<protocol::session_policy>(std::move(*p));
+}
+
 result<session_row> decode_session(SQLite::Statement& q) {
   session_row r;
   r.id = session_id(q.getColumn(0).getString());
@@ -295,13 +307,9 @@ result<session_row> decode_session(SQLite::Statement& q) {
   r.job_policy = q.getColumn(15).getString();
   if (r.job_policy != "withhold" && r.job_policy != "report_now")
     return corrupt_row("sessions", r.id.str(), "job_policy: unknown value '" + r.job_policy + "'");
-  if (auto text = opt_text(q.getColumn(16))) {
-    auto v = protocol::parse_json(*text);
-    if (!v) return corrupt_row("sessions", r.id.str(), "policy: " + v.error().describe());
-    auto p = protocol::policy_from_json(*v);
-    if (!p) return corrupt_row("sessions", r.id.str(), p.error().describe());
-    r.policy = std::move(*p);
-  }
+  auto policy = decode_policy(q.getColumn(16), r.id);
+  if (!policy) return policy.error();
+  r.policy = std::move(*policy);
   r.depth = q.getColumn(17).getInt();
   if (r.depth < 0)
     return corrupt_row("sessions", r.id.str(), "depth: negative (" + std::to_string(r.depth) + ")");
@@ -794,12 +802,7 @@ result<std::vector<session_link>> task_reader::session_links() {
     if (!q.getColumn(2).isNull()) r.notify = q.getColumn(2).getInt() != 0;
     r.description = q.getColumn(3).getString();
     r.agent = q.getColumn(4).getString();
-    if (auto text = opt_text(q.getColumn(5))) {
-      auto v = protocol::parse_json(*text);
-      if (!v) return corrupt_row("sessions", r.id.str(), "policy: " + v.error().describe());
-      auto p = protocol::policy_from_json(*v);
-      if (!p) return corrupt_row("sessions", r.id.str(), p.error().describe());
-    }
+    if (auto policy = decode_policy(q.getColumn(5), r.id); !policy) return policy.error();
     return r;
   };
   return read_all<session_link>(

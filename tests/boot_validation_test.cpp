@@ -115,6 +115,24 @@ void stopped_story(report_fixture& f) {
       "\"generation\":1}', 'completed', '{\"preview\":\"true\",\"channel\":\"api\"}', 0, 0)");
 }
 
+// Runs `sql` on the closed database; it must change exactly one row.
+void garble(report_fixture& f, const char* sql) {
+  SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
+  db.exec(sql);
+  REQUIRE(db.getChanges() == 1);
+}
+
+// Boots the closed database, which must refuse; the file is left byte for
+// byte.
+error refused_untouched(report_fixture& f) {
+  auto path = f.dir.file("tether.db");
+  REQUIRE_FALSE(std::filesystem::exists(path + "-wal"));
+  auto before = test::file_bytes(path);
+  auto e = f.refused_boot();
+  CHECK(test::file_bytes(path) == before);
+  return e;
+}
+
 struct garbling {
   const char* sql;    // one field garbled
   const char* table;  // what the refusal names
@@ -171,24 +189,18 @@ TEST_CASE(
     DYNAMIC_SECTION(g.sql) {
       report_fixture f("garble");
       stopped_story(f);
-      auto path = f.dir.file("tether.db");
       std::string key = g.key;
-      {
-        SQLite::Database db(path, SQLite::OPEN_READWRITE);
-        if (key.empty())  // the job row's id is minted
-          key = db.execAndGet("SELECT id FROM tasks WHERE child_id = 'child'").getString();
-        db.exec(g.sql);
-        REQUIRE(db.getChanges() == 1);
+      if (key.empty()) {  // the job row's id is minted
+        SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
+        key = db.execAndGet("SELECT id FROM tasks WHERE child_id = 'child'").getString();
       }
-      REQUIRE_FALSE(std::filesystem::exists(path + "-wal"));
-      auto before = test::file_bytes(path);
-      auto e = f.refused_boot();
+      garble(f, g.sql);
+      auto e = refused_untouched(f);
       INFO(e.message);
       CHECK(e.code == errc::corrupt);
       CHECK(e.message.find("refusing to boot") != std::string::npos);
       CHECK(e.message.find(std::string("table '") + g.table + "' key '" + key + "': " + g.field +
                            ":") != std::string::npos);
-      CHECK(test::file_bytes(path) == before);
     }
   }
 }
@@ -201,14 +213,8 @@ TEST_CASE(
   // one table are scanned together, and only then each in the list's order.
   report_fixture f("garble_two");
   stopped_story(f);
-  auto path = f.dir.file("tether.db");
-  {
-    SQLite::Database db(path, SQLite::OPEN_READWRITE);
-    db.exec("UPDATE tasks SET tenant = 'other' WHERE kind = 'shell'");
-    REQUIRE(db.getChanges() == 1);
-    db.exec("UPDATE inbox SET state = 'bogus'");
-    REQUIRE(db.getChanges() == 1);
-  }
+  garble(f, "UPDATE tasks SET tenant = 'other' WHERE kind = 'shell'");
+  garble(f, "UPDATE inbox SET state = 'bogus'");
   auto e = f.refused_boot();
   INFO(e.message);
   CHECK(e.code == errc::corrupt);
@@ -223,18 +229,10 @@ TEST_CASE(
   // comes before anything runs, not when the session first loads.
   report_fixture f("garble_policy");
   stopped_story(f);
-  auto path = f.dir.file("tether.db");
-  {
-    SQLite::Database db(path, SQLite::OPEN_READWRITE);
-    db.exec("UPDATE sessions SET policy = '{\"tools\":null}' WHERE id = 'parent'");
-    REQUIRE(db.getChanges() == 1);
-  }
-  REQUIRE_FALSE(std::filesystem::exists(path + "-wal"));
-  auto before = test::file_bytes(path);
-  auto e = f.refused_boot();
+  garble(f, "UPDATE sessions SET policy = '{\"tools\":null}' WHERE id = 'parent'");
+  auto e = refused_untouched(f);
   INFO(e.message);
   CHECK(e.code == errc::corrupt);
   CHECK(e.message.find("refusing to boot") != std::string::npos);
   CHECK(e.message.find("table 'sessions' key 'parent': policy") != std::string::npos);
-  CHECK(test::file_bytes(path) == before);
 }
