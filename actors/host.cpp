@@ -7,6 +7,7 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <cstdio>
+#include <limits>
 #include <set>
 
 #include "tether/protocol/notice.hpp"
@@ -553,8 +554,10 @@ awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
 }
 
 awaitable<void> host::deliver_outbox(session_id owner, std::vector<outbox_entry> entries,
+                                     std::shared_ptr<runtime::one_shot<int>> after,
                                      std::shared_ptr<boot_report> rep,
                                      std::shared_ptr<std::mutex> m) {
+  if (after) (void)co_await after->async_wait(asio::use_awaitable);
   for (std::size_t at = 0; at < entries.size();) {
     if (std::holds_alternative<job_row>(entries[at])) {
       // A run of reports: in chunks, side by side, in order (deliver_owed).
@@ -642,8 +645,6 @@ awaitable<result<boot_report>> host::boot() {
   auto shared_rep = std::make_shared<boot_report>();
   auto rep_m = std::make_shared<std::mutex>();
   boot_report& rep = *shared_rep;
-  std::map<std::string, job_row> owed;  // terminal rows with a parent, by task id
-  std::vector<std::string> owed_order;  // their ids, in the order read
   // Every field a decision below depends on validates before anything runs,
   // is delivered or is written.
   auto valid = co_await store_->validate();
@@ -663,27 +664,17 @@ awaitable<result<boot_report>> host::boot() {
   // Phase 1 delivers every pending receipt (the notices of owned jobs that
   // ended while the host was down included) below, once the running
   // subagent rows are bound, each owner's in its outbox order.
-  // The pending receipts, the running tasks and owed reports (delivered
-  // tasks are history), and the sessions' links: three reads of what is
-  // committed, side by side on the two read threads, the shortest (the
-  // links) started last, so it runs beside the longer two instead of after
-  // them. The writes of phase 1's first loop below come after them: a
-  // report it clears has no owed row to match its receipt, and one it
-  // settles out of resumes goes out after its parent's other entries, where
-  // its receipt (the newest) would have put it.
+  // The running subagent rows and the sessions' links: two reads of what is
+  // committed, side by side on the two read threads.
   auto& store = *store_;
-  auto read_outbox = [&store] { return store.pending_receipts_with_kind(); };
-  auto read_jobs = [&store] { return store.outstanding_jobs(); };
+  auto read_jobs = [&store] { return store.running_jobs(); };
   auto read_sessions = [&store] { return store.session_links(); };
-  auto outbox_read = store.offload(std::move(read_outbox));
   auto jobs_read = store.offload(std::move(read_jobs));
   auto sessions_read = store.offload(std::move(read_sessions));
   using namespace asio::experimental::awaitable_operators;
-  auto reads =
-      co_await (std::move(outbox_read) && std::move(jobs_read) && std::move(sessions_read));
-  auto& pending = std::get<0>(reads);
-  auto& jobs = std::get<1>(reads);
-  auto& sessions = std::get<2>(reads);
+  auto reads = co_await (std::move(jobs_read) && std::move(sessions_read));
+  auto& jobs = std::get<0>(reads);
+  auto& sessions = std::get<1>(reads);
   if (!sessions)
     co_return error{sessions.error().code, "refusing to boot: " + sessions.error().message};
   if (!jobs) co_return error{jobs.error().code, "refusing to boot: " + jobs.error().message};
@@ -699,27 +690,11 @@ awaitable<result<boot_report>> host::boot() {
   for (auto& s : *sessions)
     directory_.add(s.id, s.parent, std::move(s.agent), std::move(s.description));
 
-  // Phase 1: deliver terminal rows as they are; count this boot against the
-  // resume budget of each child with running rows, once per child however
-  // many rows it owes.
+  // Phase 1: count this boot against the resume budget of each child with
+  // running rows, once per child however many rows it owes, and bind them.
   std::set<session_id> children_with_jobs;
   std::map<session_id, result<int>> resumes;  // the child's count after this boot's bump
   for (auto& row : *jobs) {
-    if (row.status != job_status::running) {
-      if (!row.owed) continue;  // delivered or dropped: nothing owed
-      if (!row.parent) {
-        warn("job " + row.id.str() + " has no parent to report to; the row was cleared");
-        ++rep.cleared;
-        std::vector<notification_id> one{row.nid};
-        co_await store_->complete(std::move(one), false);
-        TETHER_CRASH_POINT("boot.clear.after_commit");
-        continue;
-      }
-      auto id = row.id.str();
-      owed_order.push_back(id);
-      owed.emplace(std::move(id), std::move(row));
-      continue;
-    }
     if (!row.child) continue;
     auto counted = resumes.find(*row.child);
     if (counted == resumes.end()) {
@@ -742,6 +717,9 @@ awaitable<result<boot_report>> host::boot() {
     b.description = row.description;
     if (*attempts > opts_.resume_budget) {
       // Out of resumes: the job reports an error instead of running again.
+      // Its report's receipt is written pending (or dropped, if the child's
+      // link does not deliver) and goes out with the outbox below, the
+      // newest of its parent's.
       auto loaded = co_await load(*row.child);
       if (!loaded) continue;
       persistence::settle_request req;
@@ -757,17 +735,9 @@ awaitable<result<boot_report>> host::boot() {
                                          "Subagent failed: resume budget of " +
                                              std::to_string(opts_.resume_budget) +
                                              " exhausted after a restart");
-      auto body = req.body;
       auto settled = co_await store_->settle(std::move(req));
       if (settled) TETHER_CRASH_POINT("boot.exhausted.after_settle");
       ++rep.exhausted;
-      if (settled && settled->row_written && row.parent) {
-        row.body = body;
-        row.status = job_status::error;
-        auto id = row.id.str();
-        owed_order.push_back(id);
-        owed.insert_or_assign(std::move(id), std::move(row));
-      }
       continue;
     }
     children_with_jobs.insert(*row.child);
@@ -783,48 +753,83 @@ awaitable<result<boot_report>> host::boot() {
   // creation, then id), reports and notices interleaved as they were
   // written, without a model turn: nobody is woken here; phases 2 and 3
   // below wake every session with a pending inbox, once all of it is in.
-  if (!pending) {
-    auto w = "boot: pending receipts were not read: " + pending.error().message +
+  // The outbox is read a page at a time, up to its newest receipt as it is
+  // now (the reports settled just above included), each page's delivery
+  // started before the next page is read: the writer admits the first
+  // reports while the rest are read. An owner's entries of one page wait
+  // for its entries of the page before.
+  auto end = co_await store.offload([&store] { return store.outbox_end(); });
+  auto outbox_warning = [&](const error& e) {
+    auto w = "boot: pending receipts were not read: " + e.message +
              "; they stay pending for the next boot";
     rep.warnings.push_back(w);
     warn(w);
-    pending = std::vector<std::pair<persistence::receipt, std::string>>{};
-  }
-  std::map<session_id, std::vector<outbox_entry>> outbox;
-  for (auto& [r, kind] : *pending) {
-    if (kind == "subagent") {
-      // Its report, delivered with its row (a running child's started
-      // receipt, or a report the child's link drops, has none here).
-      auto it = owed.find(r.job.str());
-      if (it == owed.end() || r.transition == protocol::transition::started) continue;
-      auto parent = *it->second.parent;
-      outbox[parent].emplace_back(std::move(it->second));
-      owed.erase(it);
-    } else if (!kind.empty()) {
-      // Every other kind's (a shell's, a delegate's, a goal's): a notice.
-      auto owner = r.scope.thread;
-      outbox[owner].emplace_back(std::move(r));
-    }
-  }
-  // A row owed without its receipt among the pending ones (or all of them,
-  // if the receipts could not be read) still goes out, after its parent's
-  // other entries, in the order it was read.
-  for (auto& id : owed_order) {
-    auto it = owed.find(id);
-    if (it == owed.end()) continue;
-    auto parent = *it->second.parent;
-    outbox[parent].emplace_back(std::move(it->second));
-    owed.erase(it);
-  }
-  if (!outbox.empty()) {
-    auto left = std::make_shared<std::atomic<std::size_t>>(outbox.size());
+  };
+  if (!end) outbox_warning(end.error());
+  if (end && *end) {
+    // Pages grow from a small first one (the writer starts sooner) to a
+    // large one (fewer admits split across pages).
+    const std::size_t first_page = std::max<std::size_t>(opts_.boot_outbox_page, 1);
+    const std::size_t last_page = first_page * 16;
+    std::size_t page_size = first_page;
+    persistence::outbox_key after{std::numeric_limits<std::int64_t>::min(), ""};
+    const persistence::outbox_key last = **end;
+    std::map<session_id, std::shared_ptr<runtime::one_shot<int>>> tails;  // by owner
+    auto left = std::make_shared<std::atomic<std::size_t>>(1);            // the read's own count
     auto all_done = runtime::one_shot<int>::make();
-    for (auto& [owner, entries] : outbox) {
-      auto task = deliver_outbox(owner, std::move(entries), shared_rep, rep_m);
-      asio::co_spawn(pool_->next(), std::move(task), [left, all_done](std::exception_ptr) {
-        if (--*left == 0) all_done->set(0);
-      });
+    auto finish_one = [left, all_done] {
+      if (--*left == 0) all_done->set(0);
+    };
+    for (;;) {
+      auto read_page = [&store, after, &last, page_size] {
+        return store.outbox_page(after, last, page_size);
+      };
+      auto page = co_await store.offload(std::move(read_page));
+      if (!page) {
+        outbox_warning(page.error());
+        break;
+      }
+      if (page->empty()) break;
+      after = {page->back().r.created_at, page->back().r.id.str()};
+      bool more = page->size() == page_size;
+      page_size = std::min(page_size * 4, last_page);
+      std::map<session_id, std::vector<outbox_entry>> outbox;
+      for (auto& row : *page) {
+        if (row.kind == "subagent") {
+          // Its report, delivered with its row (a running child's started
+          // receipt, or a receipt with no terminal row, has none here).
+          if (!row.owed) continue;
+          auto& job = *row.owed;
+          if (!job.parent) {
+            warn("job " + job.id.str() + " has no parent to report to; the row was cleared");
+            ++rep.cleared;
+            std::vector<notification_id> one{job.nid};
+            co_await store_->complete(std::move(one), false);
+            TETHER_CRASH_POINT("boot.clear.after_commit");
+            continue;
+          }
+          auto parent = *job.parent;
+          outbox[parent].emplace_back(std::move(job));
+        } else if (!row.kind.empty()) {
+          // Every other kind's (a shell's, a delegate's, a goal's): a notice.
+          auto owner = row.r.scope.thread;
+          outbox[owner].emplace_back(std::move(row.r));
+        }
+      }
+      for (auto& [owner, entries] : outbox) {
+        auto done = runtime::one_shot<int>::make();
+        auto& tail = tails[owner];
+        auto task = deliver_outbox(owner, std::move(entries), tail, shared_rep, rep_m);
+        tail = done;
+        ++*left;
+        asio::co_spawn(pool_->next(), std::move(task), [done, finish_one](std::exception_ptr) {
+          done->set(0);
+          finish_one();
+        });
+      }
+      if (!more) break;
     }
+    finish_one();
     co_await all_done->async_wait(asio::use_awaitable);
     TETHER_CRASH_POINT("boot.deliver.after_owed");
   }

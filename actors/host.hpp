@@ -73,6 +73,10 @@ struct host_options {
   std::size_t max_batch = 1024;  // writer requests per transaction (1 = no group commit)
   std::size_t threads = 0;       // 0 = one per core
   int resume_budget = 3;         // resumes of a child before its job reports an error
+  /// Boot reads its outbox a page at a time, delivering each page while it
+  /// reads the next: the first page's rows (at least 1); each next page is
+  /// four times the one before, up to 16 times the first.
+  std::size_t boot_outbox_page = 4096;
   std::shared_ptr<agent_factory> agents;
   std::shared_ptr<run_observer> observer;  // optional
   /// Owned background jobs (every shell a turn starts): the sandbox they run
@@ -291,11 +295,13 @@ class host {
   /// of any kind of task but a subagent) or an owed report (a subagent
   /// task's terminal row, its receipt pending).
   using outbox_entry = std::variant<persistence::receipt, persistence::job_row>;
-  /// Boot's sweep, phase 1, for one owner: its outbox in order (by each
-  /// receipt's creation, then id); runs of reports go through deliver_owed,
-  /// notices one at a time, waking nobody. A failure keeps what failed
-  /// pending and goes on.
+  /// Boot's sweep, phase 1, for one owner and one page of the outbox: its
+  /// entries in order (by each receipt's creation, then id), once the
+  /// owner's entries of the page before (`after`, if any) are delivered;
+  /// runs of reports go through deliver_owed, notices one at a time, waking
+  /// nobody. A failure keeps what failed pending and goes on.
   awaitable<void> deliver_outbox(session_id owner, std::vector<outbox_entry> entries,
+                                 std::shared_ptr<runtime::one_shot<int>> after,
                                  std::shared_ptr<boot_report> rep, std::shared_ptr<std::mutex> m);
   /// Boot, for a claimed child whose period was woken by its inbox: counts
   /// the resume; true when it may run again, false when its claim was kept

@@ -133,6 +133,24 @@ struct job_row {
   bool owed = false;
 };
 
+/// Where a pending receipt stands in the outbox's order: its creation, then
+/// its id (receipts_pending's key).
+struct outbox_key {
+  std::int64_t created_at = 0;
+  std::string id;
+};
+
+/// One pending receipt of boot's outbox with its task's kind ("" if there is
+/// no such task) and, if it is a subagent task's terminal receipt and the
+/// task is terminal, the task row whose report it owes (`owed` set, its
+/// body the report, its description left empty). A subagent task's receipt
+/// comes without its body: the report is the row's.
+struct outbox_row {
+  receipt r;
+  std::string kind;
+  std::optional<job_row> owed;
+};
+
 struct inbox_row {
   session_id session;
   notification_id nid;
@@ -431,7 +449,9 @@ class task_reader {
   result<std::vector<job_row>> jobs();
   /// Every task of a kind no store operation handles (history), oldest first.
   result<std::vector<history_task>> history_tasks();
-  /// The ones boot has work for: running, or owing their report.
+  /// The subagent rows running or owing their report: the owed ones in
+  /// outbox order, then the running ones, in one read transaction (boot
+  /// reads running_jobs and outbox_page instead).
   result<std::vector<job_row>> outstanding_jobs();
   result<std::vector<message_row>> messages(const session_id& s, std::int64_t after = 0);
   /// How many user messages the session has up to and including seq.
@@ -468,14 +488,28 @@ class task_reader {
     but_subagent,
   };
   /// The pending receipts, each with the kind of its task ("" if there is no
-  /// such task), in one read: what boot's sweeps sort by, without a read per
-  /// receipt. A subagent task's receipt comes without its body: its report
-  /// is its task row's body (outstanding_jobs), so 100,000 owed reports are
-  /// not read twice. Read through the receipts' pending index, in outbox
+  /// such task), in one read: what the job queue's recovery sorts by,
+  /// without a read per receipt. A subagent task's receipt comes without its
+  /// body: its report is its task row's body. Read through the receipts' pending index, in outbox
   /// order, without a sort: a receipt whose state word is unknown is not
   /// read here but refused by validate(), which boot runs first.
   result<std::vector<std::pair<receipt, std::string>>> pending_receipts_with_kind(
       receipt_kinds which = receipt_kinds::all);
+  /// The newest pending receipt's key, if any: where boot's read of the
+  /// outbox (outbox_page) stops, so what is written after it starts is not
+  /// read.
+  result<std::optional<outbox_key>> outbox_end();
+  /// Boot's outbox a page at a time: up to `limit` pending receipts after
+  /// `after` and up to `end`, in the outbox's order, each with its kind and
+  /// the row it owes (outbox_row). One read through the receipts' pending
+  /// index and one probe of each receipt's task (the kind and an owed row
+  /// together), without a sort. A receipt whose state word is unknown is not
+  /// read here but refused by validate(), which boot runs first.
+  result<std::vector<outbox_row>> outbox_page(const outbox_key& after, const outbox_key& end,
+                                              std::size_t limit);
+  /// The subagent rows still running (admitted or running), oldest first,
+  /// through the live tasks' index: boot's bindings.
+  result<std::vector<job_row>> running_jobs();
   result<std::optional<receipt>> receipt_by_id(const event_id& id);
   result<std::vector<receipt>> receipts_of(const job_id& job);
   /// The generation this host is bound to for `sandbox`, if any.

@@ -130,22 +130,30 @@ result<owned_job> decode_job(SQLite::Statement& q) {
 
 constexpr const char* k_receipt_cols = "id, task_id, transition, scope, body, state, created_at";
 
-// Scopes already decoded in one read, by their text: the receipts of one
-// owner's turn share it, so a read of many decodes each text once.
-using scope_memo = std::unordered_map<std::string, owner_scope>;
-
 result<receipt> decode_receipt_with(SQLite::Statement& q, scope_memo* memo) {
+  return decode_receipt_at(q, 0, memo);
+}
+
+result<receipt> decode_receipt(SQLite::Statement& q) {
+  return decode_receipt_with(q, nullptr);
+}
+
+}  // namespace
+
+// The receipts of one owner's turn share a scope, so a read of many
+// decodes each text once (memo).
+result<receipt> decode_receipt_at(SQLite::Statement& q, int first, scope_memo* memo) {
   receipt r;
-  r.id = event_id(q.getColumn(0).getString());
+  r.id = event_id(q.getColumn(first + 0).getString());
   const auto& key = r.id.str();
-  r.job = job_id(q.getColumn(1).getString());
-  auto t = q.getColumn(2).getString();
+  r.job = job_id(q.getColumn(first + 1).getString());
+  auto t = q.getColumn(first + 2).getString();
   if (!protocol::parse(t, r.transition))
     return corrupt_row("receipts", key, "transition: unknown value '" + t + "'");
   if (r.id != protocol::make_event_id(r.job, r.transition))
     return corrupt_row("receipts", key,
                        "id: does not match job '" + r.job.str() + "' and transition '" + t + "'");
-  auto text = q.getColumn(3).getString();
+  auto text = q.getColumn(first + 3).getString();
   auto known = memo ? memo->find(text) : scope_memo::iterator{};
   if (memo && known != memo->end()) {
     r.scope = known->second;
@@ -156,20 +164,14 @@ result<receipt> decode_receipt_with(SQLite::Statement& q, scope_memo* memo) {
     r.scope = std::move(*scope);
     if (memo) memo->emplace(std::move(text), r.scope);
   }
-  r.body = q.getColumn(4).getString();
-  auto state = q.getColumn(5).getString();
+  r.body = q.getColumn(first + 4).getString();
+  auto state = q.getColumn(first + 5).getString();
   using S = receipt_state;
   if (!parse_enum(state, r.state, {S::pending, S::acked, S::read, S::dropped}))
     return corrupt_row("receipts", key, "state: unknown value '" + state + "'");
-  r.created_at = q.getColumn(6).getInt64();
+  r.created_at = q.getColumn(first + 6).getInt64();
   return r;
 }
-
-result<receipt> decode_receipt(SQLite::Statement& q) {
-  return decode_receipt_with(q, nullptr);
-}
-
-}  // namespace
 
 result<std::optional<owned_job>> task_reader::job(const job_id& id) {
   return first_of(read_all<owned_job>(

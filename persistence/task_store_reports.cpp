@@ -323,17 +323,20 @@ result<session_row> decode_session(SQLite::Statement& q) {
   return r;
 }
 
-result<job_row> decode_job(SQLite::Statement& q) {
+// A subagent task row from columns `first`.. (TETHER_JOB_COLS and its owed
+// flag). Without `description`, its payload is not decoded (validate()
+// checked that it has one) and the row's description stays empty.
+result<job_row> decode_job_at(SQLite::Statement& q, int first, bool description = true) {
   job_row r;
-  r.id = job_id(q.getColumn(0).getString());
-  r.nid = notification_id(q.getColumn(1).getString());
-  r.kind = q.getColumn(2).getString();
-  r.mode = q.getColumn(3).getString();
-  if (auto p = opt_text(q.getColumn(4))) r.parent = session_id(*p);
-  if (auto c = opt_text(q.getColumn(5))) r.child = session_id(*c);
-  r.generation = q.getColumn(6).getInt64();
-  auto status = q.getColumn(7).getString();
-  r.body = opt_text(q.getColumn(8));
+  r.id = job_id(q.getColumn(first + 0).getString());
+  r.nid = notification_id(q.getColumn(first + 1).getString());
+  r.kind = q.getColumn(first + 2).getString();
+  r.mode = q.getColumn(first + 3).getString();
+  if (auto p = opt_text(q.getColumn(first + 4))) r.parent = session_id(*p);
+  if (auto c = opt_text(q.getColumn(first + 5))) r.child = session_id(*c);
+  r.generation = q.getColumn(first + 6).getInt64();
+  auto status = q.getColumn(first + 7).getString();
+  r.body = opt_text(q.getColumn(first + 8));
   const auto& key = r.id.str();
   if (r.kind != "subagent")
     return corrupt_row("tasks", key, "kind: unknown value '" + r.kind + "'");
@@ -349,13 +352,19 @@ result<job_row> decode_job(SQLite::Statement& q) {
   if (!known) return corrupt_row("tasks", key, "state: unknown value '" + status + "'");
   if (r.status != job_status::running && !r.body)
     return corrupt_row("tasks", key, "body: missing on a terminal row");
-  auto p = protocol::decode_text<protocol::job_payload>(
-      q.getColumn(9).getString(),
-      [](const json::value& v) { return protocol::job_payload_from_json(v); });
-  if (!p) return corrupt_row("tasks", key, p.error().describe());
-  r.description = std::move(p->description);
-  r.owed = q.getColumn(10).getInt() != 0;
+  if (description) {
+    auto p = protocol::decode_text<protocol::job_payload>(
+        q.getColumn(first + 9).getString(),
+        [](const json::value& v) { return protocol::job_payload_from_json(v); });
+    if (!p) return corrupt_row("tasks", key, p.error().describe());
+    r.description = std::move(p->description);
+  }
+  r.owed = q.getColumn(first + 10).getInt() != 0;
   return r;
+}
+
+result<job_row> decode_job(SQLite::Statement& q) {
+  return decode_job_at(q, 0);
 }
 
 // A task owes its report while its terminal receipt is pending.
@@ -878,11 +887,10 @@ result<std::vector<job_row>> task_reader::jobs() {
 }
 
 result<std::vector<job_row>> task_reader::outstanding_jobs() {
-  // Boot's work, without the delivered history: the rows whose terminal
-  // receipt is pending (through receipts_pending, in outbox order), then the
-  // running rows (tasks_live), both in one read transaction. One pass over
-  // the pending receipts, no sort and no per-row probe of the receipts
-  // (100,000 owed: 0.64 s -> 0.30 s).
+  // Without the delivered history: the rows whose terminal receipt is
+  // pending (through receipts_pending, in outbox order), then the running
+  // rows (tasks_live), both in one read transaction. One pass over the
+  // pending receipts, no sort and no per-row probe of the receipts.
   try {
     auto db = readers_.acquire();
     SQLite::Transaction snapshot(*db);  // read only: rolled back at the end
@@ -899,6 +907,64 @@ result<std::vector<job_row>> task_reader::outstanding_jobs() {
     return out;
   } catch (const std::exception& e) {
     return read_error("reading outstanding jobs", e);
+  }
+}
+
+result<std::vector<job_row>> task_reader::running_jobs() {
+  return read_all<job_row>(readers_, k_running_jobs, "reading running jobs", {}, decode_job);
+}
+
+result<std::optional<outbox_key>> task_reader::outbox_end() {
+  auto decode = [](SQLite::Statement& q) -> result<outbox_key> {
+    return outbox_key{q.getColumn(0).getInt64(), q.getColumn(1).getString()};
+  };
+  return first_of(read_all<outbox_key>(readers_,
+                                       "SELECT created_at, id FROM receipts WHERE state = "
+                                       "'pending' ORDER BY created_at DESC, id DESC LIMIT 1",
+                                       "reading the outbox's end", {}, decode));
+}
+
+result<std::vector<outbox_row>> task_reader::outbox_page(const outbox_key& after,
+                                                         const outbox_key& end, std::size_t limit) {
+  // The receipt's columns, its task's kind, whether it owes the task's
+  // report, then the task's row (decode_job_at), its payload left out (a
+  // report is delivered without its description). The row-value range
+  // walks receipts_pending from `after`, in its order.
+  constexpr const char* sql =
+      "SELECT r.id, r.task_id, r.transition, r.scope, "
+      "CASE WHEN t.kind = 'subagent' THEN '' ELSE r.body END, r.state, r.created_at, "
+      "coalesce(t.kind, ''), "
+      "t.kind = 'subagent' AND r.transition != 'started' AND t.state NOT IN ('admitted', "
+      "'running'), "
+      "t.id, t.notification_id, t.kind, t.mode, t.parent_id, t.child_id, t.generation, t.state, "
+      "t.body, NULL, 1 "
+      "FROM receipts r LEFT JOIN tasks t ON t.id = r.task_id "
+      "WHERE r.state = 'pending' AND (r.created_at, r.id) > (?, ?) AND (r.created_at, r.id) <= "
+      "(?, ?) ORDER BY r.created_at, r.id LIMIT ?";
+  try {
+    auto db = readers_.acquire();
+    auto& q = db.statement(sql);
+    q.bind(1, after.created_at);
+    q.bind(2, after.id);
+    q.bind(3, end.created_at);
+    q.bind(4, end.id);
+    q.bind(5, static_cast<std::int64_t>(limit));
+    scope_memo memo;
+    std::vector<outbox_row> out;
+    while (q.executeStep()) {
+      auto r = decode_receipt_at(q, 0, &memo);
+      if (!r) return r.error();
+      outbox_row row{std::move(*r), q.getColumn(7).getString(), std::nullopt};
+      if (q.getColumn(8).getInt() != 0) {
+        auto j = decode_job_at(q, 9, /*description=*/false);  // a report needs none
+        if (!j) return j.error();
+        row.owed = std::move(*j);
+      }
+      out.push_back(std::move(row));
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return read_error("reading pending receipts", e);
   }
 }
 

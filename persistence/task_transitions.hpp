@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "tether/persistence/database.hpp"
@@ -47,6 +48,12 @@ inline result<std::optional<T>> first_of(result<std::vector<T>> all) {
   if (all->empty()) return std::optional<T>{};
   return std::optional<T>(std::move(all->front()));
 }
+
+/// Scopes already decoded in one read, by their JSON text.
+using scope_memo = std::unordered_map<std::string, protocol::owner_scope>;
+/// A receipt from columns `first`.. (id, task_id, transition, scope, body,
+/// state, created_at); every field checked.
+result<receipt> decode_receipt_at(SQLite::Statement& q, int first, scope_memo* memo);
 
 struct terminal_written;
 /// The receipt a won terminal transition wrote, for the caller to hand over.

@@ -249,6 +249,67 @@ TEST_CASE("admitting a report acknowledges its terminal receipt in the same tran
 }
 
 TEST_CASE(
+    "a restart read a page at a time still hands each owner its notices and reports in the order "
+    "they were written, across every page's edge",
+    "[delivery][recovery]") {
+  report_fixture f("delivery_boot_pages");
+  REQUIRE(f.sync(f.host->create_session("parent", session_id("parent"))));
+  REQUIRE(f.sync(f.host->create_session("other", session_id("other"))));
+  // Two owners' outboxes interleaved: the parent's notice, report, report,
+  // notice; the other's notice and report between them.
+  auto first = ended_job(f, "parent");
+  auto other_notice = ended_job(f, "other");
+  f.write_owed_report("parent", "child_a", "msg_a");
+  f.write_owed_report("parent", "child_b", "msg_b");
+  f.write_owed_report("other", "child_c", "msg_c");
+  auto last = ended_job(f, "parent");
+  f.close();
+  {
+    // Times set apart so that a coarse clock cannot tie them.
+    SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
+    SQLite::Statement at(db,
+                         "UPDATE receipts SET created_at = ? WHERE id = ? OR (task_id = ? AND "
+                         "transition != 'started')");
+    auto set_at = [&at](std::int64_t t, const std::string& key) {
+      at.bind(1, t);
+      at.bind(2, key);
+      at.bind(3, key);
+      REQUIRE(at.exec() == 1);
+      at.reset();
+    };
+    set_at(1000, first.id.str());
+    set_at(1500, other_notice.id.str());
+    set_at(2000, "msg_a");
+    set_at(2500, "msg_c");
+    set_at(3000, "msg_b");
+    set_at(4000, last.id.str());
+  }
+  // Pages of 1, then 4: every owner's entries are split across pages.
+  f.tune = [](actors::host_options& o) { o.boot_outbox_page = 1; };
+  f.open();
+  f.quiet();
+  auto parent = f.inbox("parent");
+  REQUIRE(parent.size() == 4);
+  CHECK(parent[0].nid.str() == first.id.str());
+  CHECK(parent[1].nid.str() == "msg_a");
+  CHECK(parent[2].nid.str() == "msg_b");
+  CHECK(parent[3].nid.str() == last.id.str());
+  auto other = f.inbox("other");
+  REQUIRE(other.size() == 2);
+  CHECK(other[0].nid.str() == other_notice.id.str());
+  CHECK(other[1].nid.str() == "msg_c");
+  CHECK(f.boot.jobs.redelivered == 3);
+  CHECK(f.boot.delivered == 3);
+  // Nothing is owed any more: a second restart hands over nothing.
+  f.restart();
+  f.quiet();
+  CHECK(f.inbox("parent").size() == 4);
+  CHECK(f.inbox("other").size() == 2);
+  CHECK(f.boot.jobs.redelivered == 0);
+  CHECK(f.boot.delivered == 0);
+}
+
+TEST_CASE(
     "a restart hands an owner its pending notices and owed reports in the order they were "
     "written, interleaved",
     "[delivery][recovery][regression]") {

@@ -218,12 +218,13 @@ class report_fixture {
     REQUIRE_FALSE(b);
     return b.error();
   }
-  // Writes a none-mode report `msg_owed` ("owed report") owed to `parent`
-  // by `child`, as a settle leaves one: terminal, its terminal receipt pending.
-  void write_owed_report(const std::string& parent, const std::string& child) {
+  // Writes a none-mode report `id` ("owed report") owed to `parent` by
+  // `child`, as a settle leaves one: terminal, its terminal receipt pending.
+  void write_owed_report(const std::string& parent, const std::string& child,
+                         const std::string& id = "msg_owed") {
     persistence::job_row owed;
-    owed.id = protocol::job_id("msg_owed");
-    owed.nid = protocol::notification_id("msg_owed");
+    owed.id = protocol::job_id(id);
+    owed.nid = protocol::notification_id(id);
     owed.mode = "none";
     owed.parent = session_id(parent);
     owed.child = session_id(child);
