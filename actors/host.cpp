@@ -553,11 +553,13 @@ awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
   if (chunks > 0) co_await all_done->async_wait(asio::use_awaitable);
 }
 
-awaitable<void> host::deliver_outbox(session_id owner, std::vector<outbox_entry> entries,
+awaitable<bool> host::deliver_outbox(session_id owner, std::vector<outbox_entry> entries,
                                      std::shared_ptr<runtime::one_shot<int>> after,
                                      std::shared_ptr<boot_report> rep,
                                      std::shared_ptr<std::mutex> m) {
-  if (after) (void)co_await after->async_wait(asio::use_awaitable);
+  // The owner's entries of the page before stopped short: these stay
+  // pending behind them, so that the next boot still hands them over in order.
+  if (after && co_await after->async_wait(asio::use_awaitable) != 0) co_return false;
   for (std::size_t at = 0; at < entries.size();) {
     if (std::holds_alternative<job_row>(entries[at])) {
       // A run of reports: in chunks, side by side, in order (deliver_owed).
@@ -578,6 +580,7 @@ awaitable<void> host::deliver_outbox(session_id owner, std::vector<outbox_entry>
       warn(w);
     }
   }
+  co_return true;
 }
 
 awaitable<bool> host::resume_inbox_period(persistence::session_row s, boot_report& rep) {
@@ -762,9 +765,11 @@ awaitable<result<boot_report>> host::boot() {
   auto outbox_warning = [&](const error& e) {
     auto w = "boot: pending receipts were not read: " + e.message +
              "; they stay pending for the next boot";
+    std::lock_guard lk(*rep_m);  // earlier pages' deliveries write the report too
     rep.warnings.push_back(w);
     warn(w);
   };
+  std::optional<error> corrupt;  // a row of the outbox refused: boot stops once in flight is done
   if (!end) outbox_warning(end.error());
   if (end && *end) {
     // Pages grow from a small first one (the writer starts sooner) to a
@@ -786,7 +791,10 @@ awaitable<result<boot_report>> host::boot() {
       };
       auto page = co_await store.offload(std::move(read_page));
       if (!page) {
-        outbox_warning(page.error());
+        if (page.error().code == errc::corrupt)
+          corrupt = page.error();
+        else
+          outbox_warning(page.error());
         break;
       }
       if (page->empty()) break;
@@ -802,7 +810,10 @@ awaitable<result<boot_report>> host::boot() {
           auto& job = *row.owed;
           if (!job.parent) {
             warn("job " + job.id.str() + " has no parent to report to; the row was cleared");
-            ++rep.cleared;
+            {
+              std::lock_guard lk(*rep_m);
+              ++rep.cleared;
+            }
             std::vector<notification_id> one{job.nid};
             co_await store_->complete(std::move(one), false);
             TETHER_CRASH_POINT("boot.clear.after_commit");
@@ -822,10 +833,20 @@ awaitable<result<boot_report>> host::boot() {
         auto task = deliver_outbox(owner, std::move(entries), tail, shared_rep, rep_m);
         tail = done;
         ++*left;
-        asio::co_spawn(pool_->next(), std::move(task), [done, finish_one](std::exception_ptr) {
-          done->set(0);
+        auto on_done = [this, owner = owner, done, finish_one, rep_m](std::exception_ptr e,
+                                                                      bool delivered) {
+          if (e) {
+            // Its later entries, on this page and the next, stay pending.
+            auto w = "boot: delivering to " + owner.str() +
+                     " stopped: " + runtime::detail::describe(e) +
+                     "; its entries not yet delivered stay pending for the next boot";
+            std::lock_guard lk(*rep_m);
+            warn(w);
+          }
+          done->set(e || !delivered ? 1 : 0);
           finish_one();
-        });
+        };
+        asio::co_spawn(pool_->next(), std::move(task), std::move(on_done));
       }
       if (!more) break;
     }
@@ -833,6 +854,12 @@ awaitable<result<boot_report>> host::boot() {
     co_await all_done->async_wait(asio::use_awaitable);
     TETHER_CRASH_POINT("boot.deliver.after_owed");
   }
+  // As validate() refuses a row before anything runs: what was delivered
+  // before it stays delivered, the rest stays pending.
+  if (corrupt)
+    co_return error{corrupt->code, "refusing to boot: " + corrupt->message +
+                                       "; the outbox's entries before it were delivered, the "
+                                       "rest stay pending"};
 
   // Phases 2 and 3: resume suspended sessions, top-level first. A session
   // with reports waiting in its inbox is woken too. Read again (phase 1

@@ -299,8 +299,10 @@ class host {
   /// entries in order (by each receipt's creation, then id), once the
   /// owner's entries of the page before (`after`, if any) are delivered;
   /// runs of reports go through deliver_owed, notices one at a time, waking
-  /// nobody. A failure keeps what failed pending and goes on.
-  awaitable<void> deliver_outbox(session_id owner, std::vector<outbox_entry> entries,
+  /// nobody. A failure keeps what failed pending and goes on. False, with
+  /// nothing delivered, when the owner's entries of the page before stopped
+  /// short (an exception): these must not overtake them.
+  awaitable<bool> deliver_outbox(session_id owner, std::vector<outbox_entry> entries,
                                  std::shared_ptr<runtime::one_shot<int>> after,
                                  std::shared_ptr<boot_report> rep, std::shared_ptr<std::mutex> m);
   /// Boot, for a claimed child whose period was woken by its inbox: counts
