@@ -236,3 +236,26 @@ TEST_CASE(
   CHECK(e.message.find("refusing to boot") != std::string::npos);
   CHECK(e.message.find("table 'sessions' key 'parent': policy") != std::string::npos);
 }
+
+TEST_CASE(
+    "an owed report whose row does not decode refuses the boot naming it, and stays pending, "
+    "though boot reads its outbox a page at a time") {
+  // validate() does not check a subagent row's mode; the outbox's read
+  // decodes the owed row, and its refusal stops the boot as validate()'s
+  // would, not a warning that skips the rest of the outbox.
+  report_fixture f("garble_owed_mode");
+  REQUIRE(f.sync(f.host->create_session("parent", session_id("parent"))));
+  f.write_owed_report("parent", "child");
+  f.close();
+  garble(f, "UPDATE tasks SET mode = 'sideways' WHERE id = 'msg_owed'");
+  auto e = f.refused_boot();
+  INFO(e.message);
+  CHECK(e.code == errc::corrupt);
+  CHECK(e.message.find("refusing to boot") != std::string::npos);
+  CHECK(e.message.find("table 'tasks' key 'msg_owed': mode:") != std::string::npos);
+  SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
+  CHECK(db.execAndGet("SELECT count(*) FROM receipts WHERE task_id = 'msg_owed' AND transition != "
+                      "'started' AND state = 'pending'")
+            .getInt() == 1);
+  CHECK(db.execAndGet("SELECT count(*) FROM inbox").getInt() == 0);
+}
