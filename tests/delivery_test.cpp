@@ -31,6 +31,25 @@ persistence::receipt ended_job(report_fixture& f, const std::string& owner,
   return std::move(**won);
 }
 
+// Sets receipts' creation times on the closed database, each named by its
+// id (a notice's) or by its task (a report's terminal receipt). The outbox's
+// order is each receipt's creation time, then its id; times set apart
+// cannot be tied by a coarse clock.
+void set_receipt_times(report_fixture& f,
+                       std::initializer_list<std::pair<std::int64_t, std::string>> times) {
+  SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
+  SQLite::Statement at(db,
+                       "UPDATE receipts SET created_at = ? WHERE id = ? OR (task_id = ? AND "
+                       "transition != 'started')");
+  for (const auto& [t, key] : times) {
+    at.bind(1, t);
+    at.bind(2, key);
+    at.bind(3, key);
+    REQUIRE(at.exec() == 1);
+    at.reset();
+  }
+}
+
 actors::delivery_batch notice_for(const persistence::receipt& r) {
   return actors::notice_batch(r, true);  // nobody is woken: the inbox is read as it is
 }
@@ -264,26 +283,12 @@ TEST_CASE(
   f.write_owed_report("other", "child_c", "msg_c");
   auto last = ended_job(f, "parent");
   f.close();
-  {
-    // Times set apart so that a coarse clock cannot tie them.
-    SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
-    SQLite::Statement at(db,
-                         "UPDATE receipts SET created_at = ? WHERE id = ? OR (task_id = ? AND "
-                         "transition != 'started')");
-    auto set_at = [&at](std::int64_t t, const std::string& key) {
-      at.bind(1, t);
-      at.bind(2, key);
-      at.bind(3, key);
-      REQUIRE(at.exec() == 1);
-      at.reset();
-    };
-    set_at(1000, first.id.str());
-    set_at(1500, other_notice.id.str());
-    set_at(2000, "msg_a");
-    set_at(2500, "msg_c");
-    set_at(3000, "msg_b");
-    set_at(4000, last.id.str());
-  }
+  set_receipt_times(f, {{1000, first.id.str()},
+                        {1500, other_notice.id.str()},
+                        {2000, "msg_a"},
+                        {2500, "msg_c"},
+                        {3000, "msg_b"},
+                        {4000, last.id.str()}});
   // Pages of 1, then 4: every owner's entries are split across pages.
   f.tune = [](actors::host_options& o) { o.boot_outbox_page = 1; };
   f.open();
@@ -319,22 +324,7 @@ TEST_CASE(
   f.write_owed_report("parent", "child");
   auto late = ended_job(f, "parent");
   f.close();
-  {
-    // The outbox's order is each receipt's creation time, then its id; the
-    // times are set apart here so that a coarse clock cannot tie them.
-    SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
-    SQLite::Statement at(db, "UPDATE receipts SET created_at = ? WHERE id = ?");
-    auto set_at = [&at](std::int64_t t, const std::string& id) {
-      at.bind(1, t);
-      at.bind(2, id);
-      REQUIRE(at.exec() == 1);
-      at.reset();
-    };
-    set_at(1000, early.id.str());
-    set_at(3000, late.id.str());
-    REQUIRE(db.exec("UPDATE receipts SET created_at = 2000 WHERE task_id = 'msg_owed' AND "
-                    "transition != 'started'") == 1);
-  }
+  set_receipt_times(f, {{1000, early.id.str()}, {2000, "msg_owed"}, {3000, late.id.str()}});
   f.open();
   f.quiet();
   auto inbox = f.inbox("parent");
