@@ -576,9 +576,7 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
   auto read_live = [this] { return store_.live_jobs(); };
   auto live = co_await store_.offload(std::move(read_live));
   if (!live) co_return refuse(live.error());
-  auto read_pending = [this] {
-    return store_.pending_receipts_with_kind(persistence::task_reader::receipt_kinds::but_subagent);
-  };
+  auto read_pending = [this] { return store_.pending_receipts_but_subagent(); };
   auto pending = co_await store_.offload(std::move(read_pending));
   if (!pending) co_return refuse(pending.error());
 

@@ -480,21 +480,14 @@ class task_reader {
                                               const protocol::turn_id& turn);
   /// Receipts owed (pending), oldest first; an unknown state word is refused.
   result<std::vector<receipt>> pending_receipts();
-  /// Which pending receipts pending_receipts_with_kind reads.
-  enum class receipt_kinds {
-    all,
-    /// Every kind's but a subagent task's (whose report the report path
-    /// delivers): what the job queue's recovery checks for staleness.
-    but_subagent,
-  };
-  /// The pending receipts, each with the kind of its task ("" if there is no
-  /// such task), in one read: what the job queue's recovery sorts by,
-  /// without a read per receipt. A subagent task's receipt comes without its
-  /// body: its report is its task row's body. Read through the receipts' pending index, in outbox
-  /// order, without a sort: a receipt whose state word is unknown is not
-  /// read here but refused by validate(), which boot runs first.
-  result<std::vector<std::pair<receipt, std::string>>> pending_receipts_with_kind(
-      receipt_kinds which = receipt_kinds::all);
+  /// The pending receipts of every kind's task but a subagent's (whose
+  /// report the report path delivers), each with the kind of its task (""
+  /// if there is no such task), in one read: what the job queue's recovery
+  /// checks for staleness, without a read per receipt. Read through the
+  /// receipts' pending index, in outbox order, without a sort: a receipt
+  /// whose state word is unknown is not read here but refused by validate(),
+  /// which boot runs first.
+  result<std::vector<std::pair<receipt, std::string>>> pending_receipts_but_subagent();
   /// The newest pending receipt's key, if any: where boot's read of the
   /// outbox (outbox_page) stops, so what is written after it starts is not
   /// read.

@@ -219,8 +219,7 @@ result<std::vector<receipt>> task_reader::pending_receipts() {
                            "reading pending receipts", {}, decode_receipt);
 }
 
-result<std::vector<std::pair<receipt, std::string>>> task_reader::pending_receipts_with_kind(
-    receipt_kinds which) {
+result<std::vector<std::pair<receipt, std::string>>> task_reader::pending_receipts_but_subagent() {
   auto decode = [memo = scope_memo{}](
                     SQLite::Statement& q) mutable -> result<std::pair<receipt, std::string>> {
     auto r = decode_receipt_with(q, &memo);
@@ -230,13 +229,10 @@ result<std::vector<std::pair<receipt, std::string>>> task_reader::pending_receip
   // `state = 'pending'` walks receipts_pending, which is in the outbox's
   // order: 100,000 owed reports are neither scanned among the acknowledged
   // ones nor sorted.
-  std::string sql =
-      "SELECT r.id, r.task_id, r.transition, r.scope, "
-      "CASE WHEN t.kind = 'subagent' THEN '' ELSE r.body END, r.state, r.created_at, "
+  constexpr const char* sql =
+      "SELECT r.id, r.task_id, r.transition, r.scope, r.body, r.state, r.created_at, "
       "coalesce(t.kind, '') FROM receipts r LEFT JOIN tasks t ON t.id = r.task_id "
-      "WHERE r.state = 'pending' ";
-  if (which == receipt_kinds::but_subagent) sql += "AND t.kind IS NOT 'subagent' ";
-  sql += "ORDER BY r.created_at, r.id";
+      "WHERE r.state = 'pending' AND t.kind IS NOT 'subagent' ORDER BY r.created_at, r.id";
   return read_all<std::pair<receipt, std::string>>(readers_, sql, "reading pending receipts", {},
                                                    decode);
 }
