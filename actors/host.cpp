@@ -4,6 +4,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <cstdio>
@@ -644,6 +645,112 @@ awaitable<bool> host::resume_inbox_period(persistence::session_row s, boot_repor
   co_return false;
 }
 
+// Boot's read of its outbox and the deliveries it starts, shared by boot
+// and page_outbox: each owner's last delivery (the next page's entries of
+// that owner wait for it), how many deliveries (and the read itself) are
+// still running, and a row that did not decode.
+struct host::boot_pages {
+  std::shared_ptr<boot_report> rep;
+  std::shared_ptr<std::mutex> rep_m;
+  std::optional<persistence::outbox_key> last;  // the newest pending receipt when boot read it
+  std::map<session_id, std::shared_ptr<runtime::one_shot<int>>> tails;  // by owner
+  std::shared_ptr<std::atomic<std::size_t>> left =
+      std::make_shared<std::atomic<std::size_t>>(1);  // the read's own count
+  std::shared_ptr<runtime::one_shot<int>> all_done = runtime::one_shot<int>::make();
+  std::optional<error> corrupt;  // boot stops once what is in flight is done
+  std::function<void()> finish_one_fn() {
+    return [left = left, done = all_done] {
+      if (--*left == 0) done->set(0);
+    };
+  }
+  void finish_one() { finish_one_fn()(); }
+};
+
+void host::outbox_warning(boot_pages& st, const error& e) {
+  auto w = "boot: pending receipts were not read: " + e.message +
+           "; they stay pending for the next boot";
+  std::lock_guard lk(*st.rep_m);  // earlier pages' deliveries write the report too
+  st.rep->warnings.push_back(w);
+  warn(w);
+}
+
+awaitable<void> host::page_outbox(std::shared_ptr<boot_pages> st) {
+  if (!st->last) co_return;
+  auto& store = *store_;
+  // Pages grow from a small first one (the writer starts sooner) to a large
+  // one (fewer admits split across pages).
+  const std::size_t first_page = std::max<std::size_t>(opts_.boot_outbox_page, 1);
+  const std::size_t last_page = first_page * 16;
+  std::size_t page_size = first_page;
+  persistence::outbox_key after{std::numeric_limits<std::int64_t>::min(), ""};
+  const persistence::outbox_key last = *st->last;
+  for (;;) {
+    auto read_page = [&store, after, &last, page_size] {
+      return store.outbox_page(after, last, page_size);
+    };
+    auto page = co_await store.offload(std::move(read_page));
+    if (!page) {
+      if (page.error().code == errc::corrupt)
+        st->corrupt = page.error();
+      else
+        outbox_warning(*st, page.error());
+      co_return;
+    }
+    if (page->empty()) co_return;
+    after = {page->back().r.created_at, page->back().r.id.str()};
+    bool more = page->size() == page_size;
+    page_size = std::min(page_size * 4, last_page);
+    std::map<session_id, std::vector<outbox_entry>> outbox;
+    for (auto& row : *page) {
+      if (row.kind == "subagent") {
+        // Its report, delivered with its row (a running child's started
+        // receipt, or a receipt with no terminal row, has none here).
+        if (!row.owed) continue;
+        auto& job = *row.owed;
+        if (!job.parent) {
+          warn("job " + job.id.str() + " has no parent to report to; the row was cleared");
+          {
+            std::lock_guard lk(*st->rep_m);
+            ++st->rep->cleared;
+          }
+          std::vector<notification_id> one{job.nid};
+          co_await store_->complete(std::move(one), false);
+          TETHER_CRASH_POINT("boot.clear.after_commit");
+          continue;
+        }
+        auto parent = *job.parent;
+        outbox[parent].emplace_back(std::move(job));
+      } else if (!row.kind.empty()) {
+        // Every other kind's (a shell's, a delegate's, a goal's): a notice.
+        auto owner = row.r.scope.thread;
+        outbox[owner].emplace_back(std::move(row.r));
+      }
+    }
+    for (auto& [owner, entries] : outbox) {
+      auto done = runtime::one_shot<int>::make();
+      auto& tail = st->tails[owner];
+      auto task = deliver_outbox(owner, std::move(entries), tail, st->rep, st->rep_m);
+      tail = done;
+      ++*st->left;
+      auto on_done = [this, owner = owner, done, finish_one = st->finish_one_fn(),
+                      rep_m = st->rep_m](std::exception_ptr e, bool delivered) {
+        if (e) {
+          // Its later entries, on this page and the next, stay pending.
+          auto w = "boot: delivering to " + owner.str() +
+                   " stopped: " + runtime::detail::describe(e) +
+                   "; its entries not yet delivered stay pending for the next boot";
+          std::lock_guard lk(*rep_m);
+          warn(w);
+        }
+        done->set(e || !delivered ? 1 : 0);
+        finish_one();
+      };
+      asio::co_spawn(pool_->next(), std::move(task), std::move(on_done));
+    }
+    if (!more) co_return;
+  }
+}
+
 awaitable<result<boot_report>> host::boot() {
   auto shared_rep = std::make_shared<boot_report>();
   auto rep_m = std::make_shared<std::mutex>();
@@ -652,23 +759,11 @@ awaitable<result<boot_report>> host::boot() {
   // is delivered or is written.
   auto valid = co_await store_->validate();
   if (!valid) co_return error{valid.error().code, "refusing to boot: " + valid.error().message};
-  // Owned jobs first: an outstanding owner that cannot be recovered stops the
-  // boot before any session resumes, so no new work starts.
-  auto recovered = co_await jobs_->recover();
-  if (!recovered) co_return recovered.error();
-  rep.jobs = std::move(*recovered);
-  TETHER_CRASH_POINT("boot.recover.after_jobs");
-  // Delegated tasks a dead owner left: intents settled, then lost or timed
-  // out rows; their receipts go out with the other notices just below.
-  auto settled = co_await delegates_->recover(false);
-  if (!settled)
-    co_return error{settled.error().code, "refusing to boot: " + settled.error().message};
-  rep.delegation = std::move(*settled);
-  // Phase 1 delivers every pending receipt (the notices of owned jobs that
-  // ended while the host was down included) below, once the running
-  // subagent rows are bound, each owner's in its outbox order.
-  // The running subagent rows and the sessions' links: two reads of what is
-  // committed, side by side on the two read threads.
+  // The running subagent rows and the sessions' links, two reads side by
+  // side on the two read threads, before anything is written: the links'
+  // read decodes every session's policy as a loaded session would, and
+  // refuses the boot on one that does not. Nothing written before boot
+  // reads them changes either (the recoveries below write other kinds).
   auto& store = *store_;
   auto read_jobs = [&store] { return store.running_jobs(); };
   auto read_sessions = [&store] { return store.session_links(); };
@@ -681,20 +776,32 @@ awaitable<result<boot_report>> host::boot() {
   if (!sessions)
     co_return error{sessions.error().code, "refusing to boot: " + sessions.error().message};
   if (!jobs) co_return error{jobs.error().code, "refusing to boot: " + jobs.error().message};
-  // Children whose claimed period was woken by their inbox: resumed below,
-  // never released (releasing would drop the report their settle owes).
-  auto woken = co_await store_->claims_woken_by_inbox();
-  if (!woken) co_return error{woken.error().code, "refusing to boot: " + woken.error().message};
-  std::set<session_id> woken_by_inbox(woken->begin(), woken->end());
-  // Whether each session's link to its parent delivers, from the rows read
-  // here: boot never reads a session actor's state.
+  // Owned jobs first: an outstanding owner that cannot be recovered stops the
+  // boot before any session resumes, so no new work starts.
+  auto recovered = co_await jobs_->recover();
+  if (!recovered) co_return recovered.error();
+  rep.jobs = std::move(*recovered);
+  TETHER_CRASH_POINT("boot.recover.after_jobs");
+  // Delegated tasks a dead owner left: intents settled, then lost or timed
+  // out rows; their receipts go out with the other notices just below.
+  auto settled = co_await delegates_->recover(false);
+  if (!settled)
+    co_return error{settled.error().code, "refusing to boot: " + settled.error().message};
+  rep.delegation = std::move(*settled);
+  // Phase 1 binds the running subagent rows, then delivers every pending
+  // receipt (the notices of owned jobs that ended while the host was down
+  // included), each owner's in its outbox order.
+  // Whether the link of each child with running rows delivers, from the
+  // rows read above: boot never reads a session actor's state.
   std::map<session_id, bool> link_delivers;
-  for (auto& s : *sessions) link_delivers[s.id] = s.parent && s.notify.value_or(true);
-  for (auto& s : *sessions)
-    directory_.add(s.id, s.parent, std::move(s.agent), std::move(s.description));
-
-  // Phase 1: count this boot against the resume budget of each child with
-  // running rows, once per child however many rows it owes, and bind them.
+  for (auto& row : *jobs)
+    if (row.child) link_delivers.emplace(*row.child, false);
+  if (!link_delivers.empty())
+    for (auto& s : *sessions)
+      if (auto it = link_delivers.find(s.id); it != link_delivers.end())
+        it->second = s.parent && s.notify.value_or(true);
+  // Count this boot against the resume budget of each child with running
+  // rows, once per child however many rows it owes, and bind them.
   std::set<session_id> children_with_jobs;
   std::map<session_id, result<int>> resumes;  // the child's count after this boot's bump
   for (auto& row : *jobs) {
@@ -721,16 +828,15 @@ awaitable<result<boot_report>> host::boot() {
     if (*attempts > opts_.resume_budget) {
       // Out of resumes: the job reports an error instead of running again.
       // Its report's receipt is written pending (or dropped, if the child's
-      // link does not deliver) and goes out with the outbox below, the
-      // newest of its parent's.
+      // link does not deliver) before the outbox is read below, so it goes
+      // out with it, the newest of its parent's.
       auto loaded = co_await load(*row.child);
       if (!loaded) continue;
       persistence::settle_request req;
       req.child = *row.child;
       req.outcome = protocol::report_state::error;
       req.background_job = row.id;
-      auto link = link_delivers.find(*row.child);
-      req.drop_background = link == link_delivers.end() || !link->second;
+      req.drop_background = !link_delivers[*row.child];
       // The count stays: a crash before the child's other rows settle must
       // not give them a fresh budget.
       req.keep_resume_attempts = true;
@@ -756,110 +862,42 @@ awaitable<result<boot_report>> host::boot() {
   // creation, then id), reports and notices interleaved as they were
   // written, without a model turn: nobody is woken here; phases 2 and 3
   // below wake every session with a pending inbox, once all of it is in.
-  // The outbox is read a page at a time, up to its newest receipt as it is
-  // now (the reports settled just above included), each page's delivery
-  // started before the next page is read: the writer admits the first
-  // reports while the rest are read. An owner's entries of one page wait
-  // for its entries of the page before.
+  // The outbox is read up to its newest receipt as it is now (the reports
+  // settled just above included), a page at a time (page_outbox), beside
+  // the reads phases 2 and 3 need: the writer admits the first reports
+  // while the rest are read.
+  auto pages = std::make_shared<boot_pages>();
+  pages->rep = shared_rep;
+  pages->rep_m = rep_m;
   auto end = co_await store.offload([&store] { return store.outbox_end(); });
-  auto outbox_warning = [&](const error& e) {
-    auto w = "boot: pending receipts were not read: " + e.message +
-             "; they stay pending for the next boot";
-    std::lock_guard lk(*rep_m);  // earlier pages' deliveries write the report too
-    rep.warnings.push_back(w);
-    warn(w);
-  };
-  std::optional<error> corrupt;  // a row of the outbox refused: boot stops once in flight is done
-  if (!end) outbox_warning(end.error());
-  if (end && *end) {
-    // Pages grow from a small first one (the writer starts sooner) to a
-    // large one (fewer admits split across pages).
-    const std::size_t first_page = std::max<std::size_t>(opts_.boot_outbox_page, 1);
-    const std::size_t last_page = first_page * 16;
-    std::size_t page_size = first_page;
-    persistence::outbox_key after{std::numeric_limits<std::int64_t>::min(), ""};
-    const persistence::outbox_key last = **end;
-    std::map<session_id, std::shared_ptr<runtime::one_shot<int>>> tails;  // by owner
-    auto left = std::make_shared<std::atomic<std::size_t>>(1);            // the read's own count
-    auto all_done = runtime::one_shot<int>::make();
-    auto finish_one = [left, all_done] {
-      if (--*left == 0) all_done->set(0);
-    };
-    for (;;) {
-      auto read_page = [&store, after, &last, page_size] {
-        return store.outbox_page(after, last, page_size);
-      };
-      auto page = co_await store.offload(std::move(read_page));
-      if (!page) {
-        if (page.error().code == errc::corrupt)
-          corrupt = page.error();
-        else
-          outbox_warning(page.error());
-        break;
-      }
-      if (page->empty()) break;
-      after = {page->back().r.created_at, page->back().r.id.str()};
-      bool more = page->size() == page_size;
-      page_size = std::min(page_size * 4, last_page);
-      std::map<session_id, std::vector<outbox_entry>> outbox;
-      for (auto& row : *page) {
-        if (row.kind == "subagent") {
-          // Its report, delivered with its row (a running child's started
-          // receipt, or a receipt with no terminal row, has none here).
-          if (!row.owed) continue;
-          auto& job = *row.owed;
-          if (!job.parent) {
-            warn("job " + job.id.str() + " has no parent to report to; the row was cleared");
-            {
-              std::lock_guard lk(*rep_m);
-              ++rep.cleared;
-            }
-            std::vector<notification_id> one{job.nid};
-            co_await store_->complete(std::move(one), false);
-            TETHER_CRASH_POINT("boot.clear.after_commit");
-            continue;
-          }
-          auto parent = *job.parent;
-          outbox[parent].emplace_back(std::move(job));
-        } else if (!row.kind.empty()) {
-          // Every other kind's (a shell's, a delegate's, a goal's): a notice.
-          auto owner = row.r.scope.thread;
-          outbox[owner].emplace_back(std::move(row.r));
-        }
-      }
-      for (auto& [owner, entries] : outbox) {
-        auto done = runtime::one_shot<int>::make();
-        auto& tail = tails[owner];
-        auto task = deliver_outbox(owner, std::move(entries), tail, shared_rep, rep_m);
-        tail = done;
-        ++*left;
-        auto on_done = [this, owner = owner, done, finish_one, rep_m](std::exception_ptr e,
-                                                                      bool delivered) {
-          if (e) {
-            // Its later entries, on this page and the next, stay pending.
-            auto w = "boot: delivering to " + owner.str() +
-                     " stopped: " + runtime::detail::describe(e) +
-                     "; its entries not yet delivered stay pending for the next boot";
-            std::lock_guard lk(*rep_m);
-            warn(w);
-          }
-          done->set(e || !delivered ? 1 : 0);
-          finish_one();
-        };
-        asio::co_spawn(pool_->next(), std::move(task), std::move(on_done));
-      }
-      if (!more) break;
+  if (!end) outbox_warning(*pages, end.error());
+  if (end && *end) pages->last = **end;
+  // Beside the read: the sessions into the directory and the claims an
+  // inbox woke (a read phases 2 and 3 need).
+  // The fill yields now and then, so that each page's deliveries start as
+  // soon as it is read.
+  auto fill_directory = [this, &sessions]() -> awaitable<void> {
+    std::size_t n = 0;
+    for (auto& s : *sessions) {
+      directory_.add(s.id, s.parent, std::move(s.agent), std::move(s.description));
+      if (++n % 4096 == 0) co_await asio::post(asio::use_awaitable);
     }
-    finish_one();
-    co_await all_done->async_wait(asio::use_awaitable);
-    TETHER_CRASH_POINT("boot.deliver.after_owed");
-  }
+  };
+  auto woken = co_await (page_outbox(pages) && fill_directory() && store.claims_woken_by_inbox());
+  // Past a failed read too, the deliveries already started finish first.
+  pages->finish_one();
+  co_await pages->all_done->async_wait(asio::use_awaitable);
+  if (pages->last) TETHER_CRASH_POINT("boot.deliver.after_owed");
+  if (!woken) co_return error{woken.error().code, "refusing to boot: " + woken.error().message};
+  // Children whose claimed period was woken by their inbox: resumed below,
+  // never released (releasing would drop the report their settle owes).
+  std::set<session_id> woken_by_inbox(woken->begin(), woken->end());
   // As validate() refuses a row before anything runs: what was delivered
   // before it stays delivered, the rest stays pending.
-  if (corrupt)
-    co_return error{corrupt->code, "refusing to boot: " + corrupt->message +
-                                       "; the outbox's entries before it were delivered, the "
-                                       "rest stay pending"};
+  if (pages->corrupt)
+    co_return error{pages->corrupt->code, "refusing to boot: " + pages->corrupt->message +
+                                              "; the outbox's entries before it were delivered, "
+                                              "the rest stay pending"};
 
   // Phases 2 and 3: resume suspended sessions, top-level first. A session
   // with reports waiting in its inbox is woken too. Read again (phase 1

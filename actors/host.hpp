@@ -305,6 +305,17 @@ class host {
   awaitable<bool> deliver_outbox(session_id owner, std::vector<outbox_entry> entries,
                                  std::shared_ptr<runtime::one_shot<int>> after,
                                  std::shared_ptr<boot_report> rep, std::shared_ptr<std::mutex> m);
+  /// Boot's read of its outbox and the deliveries it started (host.cpp).
+  struct boot_pages;
+  /// Boot's sweep, phase 1: reads the outbox up to st->last a page at a
+  /// time (pages from host_options::boot_outbox_page rows, growing fourfold
+  /// to sixteen times that) and starts each page's deliveries, owner by
+  /// owner (deliver_outbox), before reading the next. Returns once the read
+  /// is done; st->all_done is set once the deliveries are too. A page that
+  /// cannot be read stops the read with a warning (what is left stays
+  /// pending); a row that does not decode stops it in st->corrupt.
+  awaitable<void> page_outbox(std::shared_ptr<boot_pages> st);
+  void outbox_warning(boot_pages& st, const error& e);
   /// Boot, for a claimed child whose period was woken by its inbox: counts
   /// the resume; true when it may run again, false when its claim was kept
   /// (a failed write) or it ran out of resumes (an error report was settled

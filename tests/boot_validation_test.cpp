@@ -4,6 +4,8 @@
 #include <sstream>
 
 #include "report_support.hpp"
+#include "tether/runtime/clock.hpp"
+#include "tether/runtime/owner_identity.hpp"
 
 using namespace tether;
 using namespace tether::test;
@@ -235,6 +237,36 @@ TEST_CASE(
   CHECK(e.code == errc::corrupt);
   CHECK(e.message.find("refusing to boot") != std::string::npos);
   CHECK(e.message.find("table 'sessions' key 'parent': policy") != std::string::npos);
+}
+
+TEST_CASE(
+    "a session policy that does not decode refuses the boot before a recovery writes anything, "
+    "leaving the file byte for byte") {
+  // A delegated task its dead owner left running: the delegates' recovery
+  // settles it lost (a write). The policy is refused by boot's read of the
+  // sessions' links, which comes first, so nothing is written.
+  report_fixture f("garble_policy_before_recovery");
+  persistence::delegate_task t;
+  t.id = protocol::job_id("dlg_orphan");
+  t.scope.tenant = protocol::tenant_id("default");
+  t.scope.thread = session_id("parent");
+  t.scope.turn = protocol::turn_id("turn_1");
+  t.agent = "worker";
+  t.preview = "p";
+  t.workspace = (f.dir.path() / "workspace").string();
+  auto dead = runtime::current_process_identity();
+  dead.boot_id = "00000000-0000-4000-8000-000000000000";  // another boot: provably gone
+  t.owner = runtime::to_string(dead);
+  t.lease_until = runtime::now_ms() + 3'600'000;
+  REQUIRE(f.sync(f.host->store().admit_delegate(t)));
+  stopped_story(f);
+  garble(f, "UPDATE sessions SET policy = '{\"tools\":null}' WHERE id = 'parent'");
+  auto e = refused_untouched(f);
+  INFO(e.message);
+  CHECK(e.code == errc::corrupt);
+  CHECK(e.message.find("table 'sessions' key 'parent': policy") != std::string::npos);
+  SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READONLY);
+  CHECK(db.execAndGet("SELECT state FROM tasks WHERE id = 'dlg_orphan'").getString() == "running");
 }
 
 TEST_CASE(
