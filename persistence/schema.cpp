@@ -395,6 +395,14 @@ CREATE INDEX IF NOT EXISTS tasks_sop_waits ON tasks(json_extract(payload, '$.wai
   WHERE kind = 'sop_run' AND state IN ('admitted','running')
     AND json_extract(payload, '$.phase') = 'waiting_approval';
 )sql",
+      // 13: a task's receipts by task and transition. Boot's check that a
+      // terminal subagent task has its terminal receipt (validate(), once
+      // per task) reads the index alone instead of each receipt's row; the
+      // reads by task (receipts_of) use it as they used receipts(task_id).
+      R"sql(
+DROP INDEX IF EXISTS receipts_task;
+CREATE INDEX receipts_task ON receipts(task_id, transition);
+)sql",
   };
   return steps;
 }

@@ -164,6 +164,8 @@ const garbling k_garblings[] = {
      "child/1", "kind"},
     {"UPDATE messages SET seq = 50 WHERE session_id = 'child' AND seq = 1", "messages", "child/50",
      "seq"},
+    {"UPDATE messages SET seq = -1 WHERE session_id = 'child' AND seq = 1", "messages", "child/-1",
+     "seq"},
     {"UPDATE tasks SET child_id = NULL WHERE child_id = 'child'", "tasks", "", "child_id"},
     {"UPDATE tasks SET generation = -1 WHERE child_id = 'child'", "tasks", "", "generation"},
     {"UPDATE tasks SET state = 'exploded' WHERE child_id = 'child'", "tasks", "", "state"},
