@@ -759,23 +759,32 @@ awaitable<result<boot_report>> host::boot() {
   // is delivered or is written.
   auto valid = co_await store_->validate();
   if (!valid) co_return error{valid.error().code, "refusing to boot: " + valid.error().message};
-  // The running subagent rows and the sessions' links, two reads side by
-  // side on the two read threads, before anything is written: the links'
-  // read decodes every session's policy as a loaded session would, and
-  // refuses the boot on one that does not. Nothing written before boot
-  // reads them changes either (the recoveries below write other kinds).
+  // The running subagent rows, the sessions' links and the claims an inbox
+  // woke, read side by side before anything is written: the links' read
+  // decodes every session's policy as a loaded session would, and refuses
+  // the boot on one that does not; a failed read refuses it before a resume
+  // is counted. What the recoveries below write between these reads and
+  // their use changes none of them (they write other kinds' rows), and
+  // phase 1 only takes children out of the woken claims (a settle ends the
+  // claim), never adds one.
   auto& store = *store_;
   auto read_jobs = [&store] { return store.running_jobs(); };
   auto read_sessions = [&store] { return store.session_links(); };
   auto jobs_read = store.offload(std::move(read_jobs));
   auto sessions_read = store.offload(std::move(read_sessions));
+  auto woken_read = store.claims_woken_by_inbox();
   using namespace asio::experimental::awaitable_operators;
-  auto reads = co_await (std::move(jobs_read) && std::move(sessions_read));
+  auto reads = co_await (std::move(jobs_read) && std::move(sessions_read) && std::move(woken_read));
   auto& jobs = std::get<0>(reads);
   auto& sessions = std::get<1>(reads);
+  auto& woken = std::get<2>(reads);
   if (!sessions)
     co_return error{sessions.error().code, "refusing to boot: " + sessions.error().message};
   if (!jobs) co_return error{jobs.error().code, "refusing to boot: " + jobs.error().message};
+  if (!woken) co_return error{woken.error().code, "refusing to boot: " + woken.error().message};
+  // Children whose claimed period was woken by their inbox: resumed below,
+  // never released (releasing would drop the report their settle owes).
+  std::set<session_id> woken_by_inbox(woken->begin(), woken->end());
   // Owned jobs first: an outstanding owner that cannot be recovered stops the
   // boot before any session resumes, so no new work starts.
   auto recovered = co_await jobs_->recover();
@@ -869,13 +878,12 @@ awaitable<result<boot_report>> host::boot() {
   auto pages = std::make_shared<boot_pages>();
   pages->rep = shared_rep;
   pages->rep_m = rep_m;
-  auto end = co_await store.offload([&store] { return store.outbox_end(); });
+  auto read_end = [&store] { return store.outbox_end(); };
+  auto end = co_await store.offload(std::move(read_end));
   if (!end) outbox_warning(*pages, end.error());
   if (end && *end) pages->last = **end;
-  // Beside the read: the sessions into the directory and the claims an
-  // inbox woke (a read phases 2 and 3 need).
-  // The fill yields now and then, so that each page's deliveries start as
-  // soon as it is read.
+  // Beside the read: the sessions into the directory. The fill yields now
+  // and then, so that each page's deliveries start as soon as it is read.
   auto fill_directory = [this, &sessions]() -> awaitable<void> {
     std::size_t n = 0;
     for (auto& s : *sessions) {
@@ -883,15 +891,18 @@ awaitable<result<boot_report>> host::boot() {
       if (++n % 4096 == 0) co_await asio::post(asio::use_awaitable);
     }
   };
-  auto woken = co_await (page_outbox(pages) && fill_directory() && store.claims_woken_by_inbox());
-  // Past a failed read too, the deliveries already started finish first.
+  // Whatever ends the read (an exception included), the deliveries it
+  // started finish before boot goes on or returns.
+  std::exception_ptr stopped;
+  try {
+    co_await (page_outbox(pages) && fill_directory());
+  } catch (...) {
+    stopped = std::current_exception();
+  }
   pages->finish_one();
   co_await pages->all_done->async_wait(asio::use_awaitable);
+  if (stopped) std::rethrow_exception(stopped);
   if (pages->last) TETHER_CRASH_POINT("boot.deliver.after_owed");
-  if (!woken) co_return error{woken.error().code, "refusing to boot: " + woken.error().message};
-  // Children whose claimed period was woken by their inbox: resumed below,
-  // never released (releasing would drop the report their settle owes).
-  std::set<session_id> woken_by_inbox(woken->begin(), woken->end());
   // As validate() refuses a row before anything runs: what was delivered
   // before it stays delivered, the rest stays pending.
   if (pages->corrupt)

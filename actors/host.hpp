@@ -311,7 +311,8 @@ class host {
   /// time (pages from host_options::boot_outbox_page rows, growing fourfold
   /// to sixteen times that) and starts each page's deliveries, owner by
   /// owner (deliver_outbox), before reading the next. Returns once the read
-  /// is done; st->all_done is set once the deliveries are too. A page that
+  /// is done; st->all_done is set once the deliveries are too and the caller
+  /// gave up the read's own count (boot_pages::finish_one). A page that
   /// cannot be read stops the read with a warning (what is left stays
   /// pending); a row that does not decode stops it in st->corrupt.
   awaitable<void> page_outbox(std::shared_ptr<boot_pages> st);

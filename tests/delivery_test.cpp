@@ -268,6 +268,39 @@ TEST_CASE("admitting a report acknowledges its terminal receipt in the same tran
 }
 
 TEST_CASE(
+    "a restart that fills a directory of thousands of sessions beside its paged outbox hands every "
+    "owed report over once, in order",
+    "[delivery][recovery]") {
+  // 9,000 more sessions: boot's directory fill yields (every 4,096) while
+  // pages of one report are read and delivered beside it.
+  report_fixture f("delivery_boot_fill");
+  REQUIRE(f.sync(f.host->create_session("parent", session_id("parent"))));
+  for (int i = 0; i < 40; ++i)
+    f.write_owed_report("parent", "child_" + std::to_string(i), "msg_" + std::to_string(100 + i));
+  f.close();
+  {
+    SQLite::Database db(f.dir.file("tether.db"), SQLite::OPEN_READWRITE);
+    db.exec(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 9000) "
+        "INSERT INTO sessions (id, parent_id, description, agent, status, created_at, tenant) "
+        "SELECT 'extra_' || i, 'parent', 'd', 'a', 'idle', 0, 'default' FROM n");
+    db.exec("UPDATE receipts SET created_at = 1000 + CAST(substr(task_id, 5) AS INTEGER)");
+  }
+  f.tune = [](actors::host_options& o) { o.boot_outbox_page = 1; };
+  f.open();
+  f.quiet();
+  auto parent = f.inbox("parent");
+  REQUIRE(parent.size() == 40);
+  for (int i = 0; i < 40; ++i) CHECK(parent[i].nid.str() == "msg_" + std::to_string(100 + i));
+  CHECK(f.boot.delivered == 40);
+  CHECK(f.host->outstanding(session_id("parent")).empty());  // walks the 9,040 children
+  f.restart();
+  f.quiet();
+  CHECK(f.inbox("parent").size() == 40);
+  CHECK(f.boot.delivered == 0);
+}
+
+TEST_CASE(
     "a restart read a page at a time still hands each owner its notices and reports in the order "
     "they were written, across every page's edge",
     "[delivery][recovery]") {
