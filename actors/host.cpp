@@ -654,16 +654,12 @@ struct host::boot_pages {
   std::shared_ptr<std::mutex> rep_m;
   std::optional<persistence::outbox_key> last;  // the newest pending receipt when boot read it
   std::map<session_id, std::shared_ptr<runtime::one_shot<int>>> tails;  // by owner
-  std::shared_ptr<std::atomic<std::size_t>> left =
-      std::make_shared<std::atomic<std::size_t>>(1);  // the read's own count
+  std::atomic<std::size_t> left{1};  // deliveries running, plus the read's own count
   std::shared_ptr<runtime::one_shot<int>> all_done = runtime::one_shot<int>::make();
   std::optional<error> corrupt;  // boot stops once what is in flight is done
-  std::function<void()> finish_one_fn() {
-    return [left = left, done = all_done] {
-      if (--*left == 0) done->set(0);
-    };
+  void finish_one() {
+    if (--left == 0) all_done->set(0);
   }
-  void finish_one() { finish_one_fn()(); }
 };
 
 void host::outbox_warning(boot_pages& st, const error& e) {
@@ -731,19 +727,19 @@ awaitable<void> host::page_outbox(std::shared_ptr<boot_pages> st) {
       auto& tail = st->tails[owner];
       auto task = deliver_outbox(owner, std::move(entries), tail, st->rep, st->rep_m);
       tail = done;
-      ++*st->left;
-      auto on_done = [this, owner = owner, done, finish_one = st->finish_one_fn(),
-                      rep_m = st->rep_m](std::exception_ptr e, bool delivered) {
+      ++st->left;
+      // Touches only st's count and report lock, which other threads share.
+      auto on_done = [this, owner = owner, done, st](std::exception_ptr e, bool delivered) {
         if (e) {
           // Its later entries, on this page and the next, stay pending.
           auto w = "boot: delivering to " + owner.str() +
                    " stopped: " + runtime::detail::describe(e) +
                    "; its entries not yet delivered stay pending for the next boot";
-          std::lock_guard lk(*rep_m);
+          std::lock_guard lk(*st->rep_m);
           warn(w);
         }
         done->set(e || !delivered ? 1 : 0);
-        finish_one();
+        st->finish_one();
       };
       asio::co_spawn(pool_->next(), std::move(task), std::move(on_done));
     }
