@@ -5,7 +5,6 @@
 
 #include "report_support.hpp"
 #include "tether/runtime/clock.hpp"
-#include "tether/runtime/owner_identity.hpp"
 
 using namespace tether;
 using namespace tether::test;
@@ -256,9 +255,7 @@ TEST_CASE(
   t.agent = "worker";
   t.preview = "p";
   t.workspace = (f.dir.path() / "workspace").string();
-  auto dead = runtime::current_process_identity();
-  dead.boot_id = "00000000-0000-4000-8000-000000000000";  // another boot: provably gone
-  t.owner = runtime::to_string(dead);
+  t.owner = dead_owner();
   t.lease_until = runtime::now_ms() + 3'600'000;
   REQUIRE(f.sync(f.host->store().admit_delegate(t)));
   stopped_story(f);

@@ -112,13 +112,6 @@ struct delegate_fixture {
   std::function<void(actors::delegate_options&)> limits;
 };
 
-// An identity of a process that is provably gone: another boot.
-std::string dead_owner() {
-  auto id = runtime::current_process_identity();
-  id.boot_id = "00000000-0000-4000-8000-000000000000";
-  return runtime::to_string(id);
-}
-
 // A task as a dead owner left it: registered, running, its lease current.
 delegate_task orphan(delegate_fixture& x, const std::string& id, const std::string& owner) {
   delegate_task t;

@@ -73,13 +73,6 @@ protocol::owner_scope scope_of(const std::string& thread, const std::string& tur
   return s;
 }
 
-// An identity whose process is provably gone: another boot's.
-std::string dead_owner() {
-  auto id = runtime::current_process_identity();
-  id.boot_id = "00000000-0000-4000-8000-000000000000";
-  return runtime::to_string(id);
-}
-
 delegate_task delegate_row(const std::string& id, const std::string& owner) {
   delegate_task t;
   t.id = job_id(id);
@@ -128,7 +121,7 @@ std::string seed(const test::scratch_dir& dir) {
   REQUIRE(wrote);
   REQUIRE(*wrote);
 
-  auto gone = dead_owner();
+  auto gone = test::dead_owner();
   REQUIRE(await(store.admit_delegate(delegate_row("del_gone", gone))));
   auto lost =
       await(store.settle_delegate(job_id("del_gone"), gone, delegate_state::lost,

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "tether/runtime/owner_identity.hpp"
 #include "tether/sandbox/daemon_process.hpp"
 #include "tether/sandbox/state_dir.hpp"
 
@@ -24,6 +25,12 @@ std::string file_bytes(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+std::string dead_owner() {
+  auto id = runtime::current_process_identity();
+  id.boot_id = "00000000-0000-4000-8000-000000000000";
+  return runtime::to_string(id);
 }
 
 namespace {

@@ -25,6 +25,10 @@ class scratch_dir {
 /// The whole file at `path` ("" if it cannot be read).
 std::string file_bytes(const std::string& path);
 
+/// An owner identity (runtime::to_string) whose process is provably gone:
+/// this process's, under another boot's id.
+std::string dead_owner();
+
 /// Drives `a` to completion on this thread's private io_context. It lives as
 /// long as the thread: a completion posted by another thread (the writer's)
 /// may still be inside the post, signalling the io_context, when run()
