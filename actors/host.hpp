@@ -8,14 +8,16 @@
 // which ones are being deleted), under one mutex. Boot runs in the seed's
 // three phases.
 //
-// A report's path after its settle commit (crash points in brackets), by the
-// one delivery path (actors/delivery.hpp):
-//   [report.settle.after_commit] parent admits it into its inbox and, in the
-//                                same transaction, acknowledges its terminal
-//                                receipt (the outbox)
-//   [report.admit.after_commit]  the parent is woken (unless a revert is staged)
-//   [report.wake.after_tell] the parent's drain moves it into the transcript
-//   and acknowledges it in one transaction [report.drain.after_ack].
+// A report's path (crash points in brackets): owed to a parent that is
+// there, the child's settle goes through the parent's inbox actor and admits
+// the report in its own transaction, its terminal receipt written
+// acknowledged [report.settle.after_commit] [report.admit.after_commit]; the
+// parent is woken (unless a revert is staged) [report.wake.after_tell]; the
+// parent's drain moves it into the transcript and acknowledges it in one
+// transaction [report.drain.after_ack]. A parent that is not there when the
+// child settles leaves the settle alone (its receipt pending, the outbox)
+// [report.settle.after_commit], and the one delivery path
+// (actors/delivery.hpp) drops it or, at boot, hands it over.
 // A crash anywhere is repaired at boot from what is on disk.
 #include <boost/asio/steady_timer.hpp>
 #include <functional>

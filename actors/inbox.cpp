@@ -14,6 +14,28 @@ inbox::inbox(runtime::executor ex, host& h, protocol::session_id owner)
       host_(h),
       owner_(std::move(owner)) {}
 
+template <class T, class Committed>
+void inbox::finish_after_commit(std::shared_ptr<runtime::one_shot<result<T>>> write,
+                                runtime::reply_to<T> reply, Committed committed) {
+  auto finish = [](std::shared_ptr<inbox> self, std::shared_ptr<runtime::one_shot<result<T>>> w,
+                   runtime::reply_to<T> r, Committed c) -> awaitable<void> {
+    auto v = co_await w->async_wait(asio::use_awaitable);
+    // The session first (see the header's Order), then the asker.
+    if (v) c(*self, *v);
+    r.send(std::move(v));
+  };
+  auto ex = get_executor();
+  auto on_end = [self = shared_from_this()](std::exception_ptr e) {
+    // The ask was failed by its reply_to's destructor; say why.
+    if (e)
+      self->host_.warn("inbox of session " + self->owner_.str() + ": finishing an admit failed: " +
+                       runtime::detail::describe(e) + "; its asker was told it failed");
+  };
+  asio::co_spawn(
+      ex, finish(shared_from_this(), std::move(write), std::move(reply), std::move(committed)),
+      asio::bind_executor(ex, std::move(on_end)));
+}
+
 awaitable<void> inbox::handle(inbox_message& m) {
   if (auto* at = std::get_if<inbox_msg::attach>(&m)) {
     session_ = std::move(at->owner);
@@ -24,18 +46,25 @@ awaitable<void> inbox::handle(inbox_message& m) {
     std::vector<protocol::notification_id> nids;
     nids.reserve(a->items.size());
     for (auto& i : a->items) nids.push_back(i.nid);
-    auto committed = host_.store().admit_submit(owner_, std::move(a->items), a->how);
-    auto ex = get_executor();
-    auto task = finish_admit(shared_from_this(), std::move(committed), std::move(nids),
-                             std::move(a->reply), a->how != persistence::admit_receipts::reports);
-    auto on_end = [self = shared_from_this()](std::exception_ptr e) {
-      // The ask was failed by its reply_to's destructor; say why.
-      if (e)
-        self->host_.warn("inbox of session " + self->owner_.str() +
-                         ": finishing an admit failed: " + runtime::detail::describe(e) +
-                         "; its asker was told it failed");
+    bool receipts = a->how != persistence::admit_receipts::reports;
+    auto write = host_.store().admit_submit(owner_, std::move(a->items), a->how);
+    auto committed = [nids = std::move(nids), receipts](
+                         inbox& self, const std::vector<persistence::admit_outcome>& out) {
+      if (auto s = self.session_.lock()) (void)s->tell(session_msg::admitted{receipts});
+      if (auto* o = self.host_.observer())
+        for (std::size_t i = 0; i < nids.size(); ++i)
+          if (out[i] == persistence::admit_outcome::added) o->admitted(self.owner_, nids[i]);
     };
-    asio::co_spawn(ex, std::move(task), asio::bind_executor(ex, std::move(on_end)));
+    finish_after_commit(std::move(write), std::move(a->reply), std::move(committed));
+  } else if (auto* sa = std::get_if<inbox_msg::settle_admit>(&m)) {
+    // As an admit; the asker fires the observer's hooks, its settled first.
+    auto write =
+        host_.store().settle_admit_submit(owner_, std::move(sa->settle), std::move(sa->report));
+    auto committed = [](inbox& self, const persistence::settle_admit_result& out) {
+      if (out.admitted != persistence::admit_outcome::added) return;
+      if (auto s = self.session_.lock()) (void)s->tell(session_msg::admitted{false});
+    };
+    finish_after_commit(std::move(write), std::move(sa->reply), std::move(committed));
   } else if (auto* h = std::get_if<inbox_msg::hand_over>(&m)) {
     auto s = session_.lock();
     session_msg::wake w{h->scope, true, true, h->admitted_here};
@@ -43,22 +72,6 @@ awaitable<void> inbox::handle(inbox_message& m) {
     if (!s || !s->tell(std::move(w))) host_.activity(-1);
   }
   co_return;
-}
-
-awaitable<void> inbox::finish_admit(
-    std::shared_ptr<inbox> self,
-    std::shared_ptr<runtime::one_shot<result<std::vector<persistence::admit_outcome>>>> committed,
-    std::vector<protocol::notification_id> nids,
-    runtime::reply_to<std::vector<persistence::admit_outcome>> reply, bool receipts) {
-  auto r = co_await committed->async_wait(asio::use_awaitable);
-  if (r) {
-    // The session first (see the header's Order), then the asker.
-    if (auto s = self->session_.lock()) (void)s->tell(session_msg::admitted{receipts});
-    if (auto* o = self->host_.observer())
-      for (std::size_t i = 0; i < nids.size(); ++i)
-        if ((*r)[i] == persistence::admit_outcome::added) o->admitted(self->owner_, nids[i]);
-  }
-  reply.send(std::move(r));
 }
 
 }  // namespace tether::actors

@@ -5,9 +5,10 @@
 // It admits what the delivery path hands it (actors/delivery.hpp) into the
 // session's durable inbox under its inbox id, through the single writer; a
 // repeat of an id already admitted is dropped there, so at-least-once
-// delivery is seen once. It then tells its session what was admitted, and,
-// when the delivery path asks it to, steers the running turn or wakes the
-// idle session.
+// delivery is seen once. A child's settle that owes this session a report
+// comes here too (`settle_admit`): the settle and the admit are one writer
+// request, so the report never waits in the outbox. It then tells its session what was admitted,
+// and, when the delivery path asks it to, steers the running turn or wakes the idle session.
 //
 // Order: the session learns of an admit (`session_msg::admitted`) before the
 // admit's asker is answered. Whatever the asker does next (a job leaving the
@@ -47,6 +48,16 @@ struct admit {
   persistence::admit_receipts how = persistence::admit_receipts::reports;
   runtime::reply_to<std::vector<persistence::admit_outcome>> reply;
 };
+/// A child's settle folded with the admit of the report it writes (its
+/// session's busy period ending): one transaction marks the child idle,
+/// writes its report's task row and terminal receipt (acknowledged), and
+/// admits the report here. The asker (the child's session) wakes this
+/// session afterwards, as after an admit.
+struct settle_admit {
+  persistence::settle_request settle;
+  persistence::report_item report;
+  runtime::reply_to<persistence::settle_admit_result> reply;
+};
 /// Steers the running turn (`steer`) or wakes the idle session with a prompt
 /// (`input`) to read what was admitted. The host counted it as activity; the
 /// session releases the count when it handles the wake.
@@ -57,7 +68,8 @@ struct hand_over {
 };
 }  // namespace inbox_msg
 
-using inbox_message = std::variant<inbox_msg::attach, inbox_msg::admit, inbox_msg::hand_over>;
+using inbox_message = std::variant<inbox_msg::attach, inbox_msg::admit, inbox_msg::settle_admit,
+                                   inbox_msg::hand_over>;
 
 class inbox : public runtime::actor<inbox, inbox_message> {
  public:
@@ -66,12 +78,11 @@ class inbox : public runtime::actor<inbox, inbox_message> {
   awaitable<void> handle(inbox_message& m);
 
  private:
-  /// After the admit's commit: tells the session, then answers the asker.
-  static awaitable<void> finish_admit(
-      std::shared_ptr<inbox> self,
-      std::shared_ptr<runtime::one_shot<result<std::vector<persistence::admit_outcome>>>> committed,
-      std::vector<protocol::notification_id> nids,
-      runtime::reply_to<std::vector<persistence::admit_outcome>> reply, bool receipts);
+  /// After the write's commit: `committed(self, value)` tells the session,
+  /// then the asker is answered.
+  template <class T, class Committed>
+  void finish_after_commit(std::shared_ptr<runtime::one_shot<result<T>>> write,
+                           runtime::reply_to<T> reply, Committed committed);
 
   host& host_;
   const protocol::session_id owner_;

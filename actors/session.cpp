@@ -1004,6 +1004,12 @@ awaitable<void> session::settle() {
     req.body = render(*answer);
   }
   TETHER_CRASH_POINT("report.settle.before_commit");
+  // A report owed to a parent that is there is settled and admitted in one
+  // transaction, through the parent's inbox actor: nothing waits in the
+  // outbox, and the parent is woken after that one commit.
+  if (nid && row_.parent && !req.drop_background) {
+    if (co_await settle_into_parent(job, req, *nid, inline_body)) co_return;
+  }
   // The settle is idempotent (the same request, the same promised id): a
   // failed commit is retried before the session goes idle, so the report is
   // never lost under its promised id and the binding is never dropped.
@@ -1016,19 +1022,12 @@ awaitable<void> session::settle() {
     committed = co_await store.settle(req);
   }
   if (!committed) {
-    host_.warn("session " + id().str() + ": settle did not commit: " + committed.error().message +
-               "; the host is shutting down, so the claim stays and boot resumes it");
-    if (job && job->inline_reply) job->inline_reply->set(committed.error());
-    if (job)
-      for (auto& r : job->joined_inline) r->set(committed.error());
+    settle_failed(job, committed.error());
     co_return;
   }
   if (committed->row_written) TETHER_CRASH_POINT("report.settle.after_commit");
   if (auto* o = host_.observer()) o->settled(id(), committed->row_written ? nid : std::nullopt);
-  if (job && job->inline_reply && !job->background) job->inline_reply->set(inline_body);
-  if (job)
-    for (auto& r : job->joined_inline) r->set(job->background ? req.body : inline_body);
-  if (job) job_.reset();
+  settle_replies(job, req.body, inline_body);
   // The delivery is idempotent too (a repeated admit is dropped by its id):
   // a failed one is retried while the host runs, so the report reaches the
   // parent without waiting for a boot. A shutdown leaves the row for boot.
@@ -1047,6 +1046,64 @@ awaitable<void> session::settle() {
                "; the row stays in the outbox and the delivery is retried");
     co_await pause_before_retry(attempt);
   }
+}
+
+void session::settle_replies(job_binding* job, const std::string& body,
+                             const std::string& inline_body) {
+  if (!job) return;
+  if (job->inline_reply && !job->background) job->inline_reply->set(inline_body);
+  for (auto& r : job->joined_inline) r->set(job->background ? body : inline_body);
+  job_.reset();
+}
+
+void session::settle_failed(job_binding* job, const error& e) {
+  host_.warn("session " + id().str() + ": settle did not commit: " + e.message +
+             "; the host is shutting down, so the claim stays and boot resumes it");
+  if (!job) return;
+  if (job->inline_reply) job->inline_reply->set(e);
+  for (auto& r : job->joined_inline) r->set(e);
+}
+
+awaitable<bool> session::settle_into_parent(job_binding* job,
+                                            const persistence::settle_request& req,
+                                            const notification_id& nid,
+                                            const std::string& inline_body) {
+  auto parent = co_await host_.load(*row_.parent);
+  if (!parent) co_return false;  // gone (or unreadable): the plain settle, then its delivery
+  persistence::settle_admit_result done;
+  for (int attempt = 0;; ++attempt) {
+    inbox_msg::settle_admit ask{req, {nid, id(), req.body, std::nullopt}, {}};
+    auto r = co_await (*parent)->inbox()->ask(std::move(ask));
+    if (r) {
+      done = std::move(*r);
+      break;
+    }
+    // The inbox stopped before it wrote anything (its session deleted or shut
+    // down): the plain settle.
+    if (r.error().code == errc::stopped || stopping_) co_return false;
+    // Idempotent, as the plain settle is: retried while the host runs.
+    host_.warn("session " + id().str() + ": settle did not commit: " + r.error().message +
+               "; the busy period stays open and the settle is retried");
+    co_await pause_before_retry(attempt);
+    if (stopping_) co_return false;
+  }
+  // Both points of the plain path fall after this one commit: the child is
+  // idle, the report in the parent's inbox with its receipt acknowledged,
+  // and the parent not yet woken.
+  if (done.settled.row_written) TETHER_CRASH_POINT("report.settle.after_commit");
+  bool added = done.admitted == persistence::admit_outcome::added;
+  if (added) TETHER_CRASH_POINT("report.admit.after_commit");
+  if (auto* o = host_.observer()) {
+    o->settled(id(), done.settled.row_written ? std::optional(nid) : std::nullopt);
+    if (added) o->admitted(*row_.parent, nid);
+  }
+  settle_replies(job, req.body, inline_body);
+  if (done.parent_gone)
+    host_.warn("owner session '" + row_.parent->str() + "' is gone; 1 owed report(s) dropped");
+  if (!done.admitted) co_return true;
+  host_.hand_over(**parent, wake_scope::steer, false);
+  TETHER_CRASH_POINT("report.wake.after_tell");
+  co_return true;
 }
 
 }  // namespace tether::actors

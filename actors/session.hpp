@@ -150,6 +150,17 @@ class session : public runtime::actor<session, session_message> {
   void busy_period_failed(std::exception_ptr e);
   awaitable<void> run_drain(std::shared_ptr<context> ctx, drain_input in);
   awaitable<void> settle();
+  /// The settle of a report owed to a parent that is there, folded with the
+  /// report's admit into one transaction through the parent's inbox actor,
+  /// then the parent woken. False: the parent or its inbox is not there, and
+  /// nothing was written (settle() writes the plain settle instead).
+  awaitable<bool> settle_into_parent(job_binding* job, const persistence::settle_request& req,
+                                     const protocol::notification_id& nid,
+                                     const std::string& inline_body);
+  /// The settle committed: the tool calls waiting inline get their report.
+  void settle_replies(job_binding* job, const std::string& body, const std::string& inline_body);
+  /// The settle did not commit and the host is shutting down.
+  void settle_failed(job_binding* job, const error& e);
   void release_waiters();
   /// Ends a withholding wait (a wake, an interrupt, a shutdown).
   void release_withhold();

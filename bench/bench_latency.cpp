@@ -51,7 +51,10 @@
 // its settle written) to the admitted hook (after the parent's admit
 // committed), through host_options.observer, split at the settled hook
 // (after the settle committed): settle_commit (settling -> settled) and
-// delivery (settled -> admitted: the delivery path and the admit's commit).
+// delivery (settled -> admitted). A report owed to a parent that is there is
+// admitted by its settle's own commit, so its delivery part is only the
+// hooks' hand-off; a report the plain path delivers has the delivery path
+// and the admit's commit there.
 // prompt_to_admit: from just before a prompt to the inbox row's admitted_at
 // (wall ms). cpu_us_per_report: the process CPU time over a phase (pacer
 // included) per report of that phase. The writer's transactions and

@@ -211,6 +211,16 @@ struct settle_result {
   bool row_written = false;  // a terminal row now owes a report
 };
 
+/// What a settle folded with its report's admit committed, in one
+/// transaction (task_store::settle_admit_submit).
+struct settle_admit_result {
+  settle_result settled;
+  /// The report's admit, when the settle wrote one and its parent is there.
+  std::optional<admit_outcome> admitted;
+  /// The parent was gone: the report's receipt was written dropped.
+  bool parent_gone = false;
+};
+
 /// A task row of a kind that no store operation handles any more (a
 /// `local_shell` an earlier build wrote, history since schema step 6), as
 /// tools like `tether inspect` list it: its columns as written, not decoded.
@@ -605,6 +615,13 @@ class task_store : public task_reader {
   /// The settle transaction: child idle (claim released, resume attempts
   /// reset, input cursor advanced) and the job row terminal with the body.
   awaitable<result<settle_result>> settle(settle_request req);
+  /// settle() and the admit of the report it writes into `parent`'s inbox,
+  /// in one transaction: the report's terminal receipt is written
+  /// acknowledged (never pending, never updated), or dropped if the parent
+  /// is gone. `report` is the report as the parent's inbox admits it.
+  /// Queued now, resolved after its COMMIT.
+  std::shared_ptr<runtime::one_shot<result<settle_admit_result>>> settle_admit_submit(
+      session_id parent, settle_request req, report_item report);
   /// Admits reports or notices into a session's inbox, in order, settling
   /// their receipts as `how` says; per item, what it did (a repeat of an id
   /// already there is dropped). errc::not_found if the session is gone

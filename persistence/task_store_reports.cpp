@@ -85,7 +85,8 @@ protocol::transition transition_of(job_status terminal) {
                                            : protocol::transition::cancelled;
 }
 
-void insert_job(SQLite::Database& db, const job_row& r) {
+void insert_job(SQLite::Database& db, const job_row& r,
+                std::string_view receipt_state = "pending") {
   auto& st =
       cached_statement(db,
                        "INSERT INTO tasks (id, notification_id, kind, mode, parent_id, child_id, "
@@ -115,10 +116,11 @@ void insert_job(SQLite::Database& db, const job_row& r) {
   st.exec();
   insert_subagent_started(db, r);
   // A terminal subagent row is written with its report owed: its terminal
-  // receipt, pending, is the outbox.
+  // receipt, pending, is the outbox (written acknowledged when the same
+  // transaction admits the report).
   if (r.kind == "subagent" && r.status != job_status::running)
     insert_receipt_row(db, r.id, transition_of(r.status), receipt_scope(db, r.id, "", r.parent),
-                       r.body.value_or(""), "pending");
+                       r.body.value_or(""), receipt_state);
 }
 
 // A background subagent task's `started` receipt, written with its running
@@ -198,14 +200,22 @@ bool receipt_pending(SQLite::Database& db, const event_id& id) {
   return pending;
 }
 
-std::optional<std::vector<admit_outcome>> admit_in_tx(SQLite::Database& db, const session_id& to,
-                                                      const std::vector<report_item>& items,
-                                                      admit_receipts how) {
+// The session's seq, nullopt if it is gone.
+std::optional<std::int64_t> session_seq(SQLite::Database& db, const session_id& s) {
   auto& seq = cached_statement(db, "SELECT seq FROM sessions WHERE id = ?");
-  seq.bind(1, to.str());
+  seq.bind(1, s.str());
   if (!seq.executeStep()) return std::nullopt;
-  auto at_seq = seq.getColumn(0).getInt64();
+  auto at = seq.getColumn(0).getInt64();
   seq.reset();
+  return at;
+}
+
+// Admits into `to`'s inbox, its seq `at_seq` (read in this transaction).
+// `receipts_written`: the reports' receipts were written acknowledged by the
+// same transaction, and are not touched again.
+std::vector<admit_outcome> admit_rows(SQLite::Database& db, const session_id& to,
+                                      std::int64_t at_seq, const std::vector<report_item>& items,
+                                      admit_receipts how, bool receipts_written = false) {
   // Admission order, items in the order given (the outbox order), after
   // everything admitted before.
   auto& last =
@@ -243,9 +253,18 @@ std::optional<std::vector<admit_outcome>> admit_in_tx(SQLite::Database& db, cons
     st.bind(6, now);
     st.bind(7, ++ord);
     out.push_back(st.exec() == 1 ? admit_outcome::added : admit_outcome::repeat);
-    if (how == admit_receipts::reports) settle_report_receipt(db, i.nid, true, now);
+    if (how == admit_receipts::reports && !receipts_written)
+      settle_report_receipt(db, i.nid, true, now);
   }
   return out;
+}
+
+std::optional<std::vector<admit_outcome>> admit_in_tx(SQLite::Database& db, const session_id& to,
+                                                      const std::vector<report_item>& items,
+                                                      admit_receipts how) {
+  auto at_seq = session_seq(db, to);
+  if (!at_seq) return std::nullopt;
+  return admit_rows(db, to, *at_seq, items, how);
 }
 
 result<message_row> decode_message(const std::string& session, SQLite::Statement& q) {
@@ -521,59 +540,92 @@ awaitable<result<std::int64_t>> task_store::spawn(std::optional<session_row> cre
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
+namespace {
+
+// The settle's writes (task_store::settle). `receipt_state`: the terminal
+// receipt's state, "pending" (the outbox) unless the same transaction admits
+// the report ("acked") or finds its parent gone ("dropped").
+settle_result settle_in_tx(SQLite::Database& db, const settle_request& req,
+                           std::string_view receipt_state) {
+  settle_result out;
+  auto now = now_ms();
+  auto& idle = cached_statement(db,
+                                "UPDATE sessions SET status = 'idle', time_suspended = NULL, "
+                                "resume_attempts = CASE WHEN ? THEN resume_attempts ELSE 0 END, "
+                                "idle_outcome = ?, time_idle = ?, "
+                                "input_cursor = max(input_cursor, ?) WHERE id = ?");
+  idle.bind(1, req.keep_resume_attempts ? 1 : 0);
+  idle.bind(2, std::string(protocol::to_string(req.outcome)));
+  idle.bind(3, now);
+  idle.bind(4, req.input_cursor);
+  idle.bind(5, req.child.str());
+  if (idle.exec() != 1)
+    throw std::runtime_error("session '" + req.child.str() + "' does not exist");
+  job_status terminal = req.outcome == protocol::report_state::completed ? job_status::completed
+                        : req.outcome == protocol::report_state::error   ? job_status::error
+                                                                         : job_status::cancelled;
+  auto receipt_transition = transition_of(terminal);
+  if (req.background_job) {
+    // The terminal compare-and-set with the report's outbox, its terminal
+    // receipt: a settle after the report went out finds the row terminal
+    // and writes nothing. A silenced link owes no report, so its receipt is
+    // written dropped.
+    terminal_write tw;
+    tw.task = *req.background_job;
+    tw.kind = "subagent";
+    tw.state = task_state_word(terminal);
+    tw.transition = receipt_transition;
+    tw.body = req.body;
+    tw.receipt_body = req.body;
+    tw.receipt_state = req.drop_background ? "dropped" : receipt_state;
+    bool moved = terminal_transition(db, tw).has_value();
+    out.row_written = moved && !req.drop_background;
+  } else if (req.mint_none) {
+    job_row r;
+    r.id = job_id(req.mint_none->str());
+    r.nid = *req.mint_none;
+    r.mode = "none";
+    r.parent = req.parent;
+    r.child = req.child;
+    r.status = terminal;
+    r.body = req.body;
+    r.description = req.description;
+    insert_job(db, r, receipt_state);  // with its terminal receipt
+    out.row_written = true;
+  }
+  return out;
+}
+
+}  // namespace
+
 awaitable<result<settle_result>> task_store::settle(settle_request req) {
   auto name = "settle " + req.child.str();
   std::size_t bytes = req.body.size() + 128;
   auto fn = [req = std::move(req)](SQLite::Database& db) {
-    settle_result out;
-    auto now = now_ms();
-    auto& idle = cached_statement(db,
-                                  "UPDATE sessions SET status = 'idle', time_suspended = NULL, "
-                                  "resume_attempts = CASE WHEN ? THEN resume_attempts ELSE 0 END, "
-                                  "idle_outcome = ?, time_idle = ?, "
-                                  "input_cursor = max(input_cursor, ?) WHERE id = ?");
-    idle.bind(1, req.keep_resume_attempts ? 1 : 0);
-    idle.bind(2, std::string(protocol::to_string(req.outcome)));
-    idle.bind(3, now);
-    idle.bind(4, req.input_cursor);
-    idle.bind(5, req.child.str());
-    if (idle.exec() != 1)
-      throw std::runtime_error("session '" + req.child.str() + "' does not exist");
-    job_status terminal = req.outcome == protocol::report_state::completed ? job_status::completed
-                          : req.outcome == protocol::report_state::error   ? job_status::error
-                                                                           : job_status::cancelled;
-    auto receipt_transition = transition_of(terminal);
-    if (req.background_job) {
-      // The terminal compare-and-set with the report's outbox, its terminal
-      // receipt: a settle after the report went out finds the row terminal
-      // and writes nothing. A silenced link owes no report, so its receipt is
-      // written dropped.
-      terminal_write tw;
-      tw.task = *req.background_job;
-      tw.kind = "subagent";
-      tw.state = task_state_word(terminal);
-      tw.transition = receipt_transition;
-      tw.body = req.body;
-      tw.receipt_body = req.body;
-      tw.receipt_state = req.drop_background ? "dropped" : "pending";
-      bool moved = terminal_transition(db, tw).has_value();
-      out.row_written = moved && !req.drop_background;
-    } else if (req.mint_none) {
-      job_row r;
-      r.id = job_id(req.mint_none->str());
-      r.nid = *req.mint_none;
-      r.mode = "none";
-      r.parent = req.parent;
-      r.child = req.child;
-      r.status = terminal;
-      r.body = req.body;
-      r.description = req.description;
-      insert_job(db, r);  // with its pending terminal receipt
-      out.row_written = true;
-    }
-    return out;
+    return settle_in_tx(db, req, "pending");
   };
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
+}
+
+std::shared_ptr<runtime::one_shot<result<settle_admit_result>>> task_store::settle_admit_submit(
+    session_id parent, settle_request req, report_item report) {
+  auto name = "settle " + req.child.str() + " and admit its report to " + parent.str();
+  std::size_t bytes = req.body.size() + report.body.size() + 256;
+  auto fn = [parent = std::move(parent), req = std::move(req),
+             report = std::move(report)](SQLite::Database& db) {
+    settle_admit_result out;
+    auto at_seq = session_seq(db, parent);
+    out.settled = settle_in_tx(db, req, at_seq ? "acked" : "dropped");
+    if (!out.settled.row_written) return out;
+    if (!at_seq) {
+      out.parent_gone = true;
+      return out;
+    }
+    std::vector<report_item> items{report};
+    out.admitted = admit_rows(db, parent, *at_seq, items, admit_receipts::reports, true).front();
+    return out;
+  };
+  return w_.submit(std::move(name), bytes, std::move(fn));
 }
 
 std::shared_ptr<runtime::one_shot<result<std::vector<admit_outcome>>>> task_store::admit_submit(

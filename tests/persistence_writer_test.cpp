@@ -527,6 +527,94 @@ TEST_CASE("deleting a session drops what was owed to it and keeps its tasks as h
   CHECK(again.error().message.find("'parent' does not exist") != std::string::npos);
 }
 
+namespace {
+awaitable<result<settle_admit_result>> settled_and_admitted(
+    std::shared_ptr<runtime::one_shot<result<settle_admit_result>>> write) {
+  co_return co_await write->async_wait(asio::use_awaitable);
+}
+}  // namespace
+
+TEST_CASE(
+    "a settle folded with its report's admit writes the report into the parent's inbox with its "
+    "receipt acknowledged, or dropped when the parent is gone, in one transaction") {
+  test::scratch_dir dir("settle-admit");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  task_store store(*w, path);
+  REQUIRE(test::run(store.create_session(session_named("parent"))));
+  REQUIRE(test::run(store.begin_busy(session_id("parent"))));
+  job_row job;
+  job.id = job_id("msg_folded");
+  job.nid = notification_id("msg_folded");
+  job.parent = session_id("parent");
+  job.child = session_id("child");
+  job.description = "audit";
+  REQUIRE(test::run(store.spawn(session_named("child", "parent"), session_id("child"), "go", job)));
+  REQUIRE(test::run(store.begin_busy(session_id("child"))));
+  settle_request req;
+  req.child = session_id("child");
+  req.background_job = job.id;
+  req.body = "the report";
+  report_item report{job.nid, session_id("child"), req.body, std::nullopt};
+  auto commits = w->stats().transactions;
+  auto done =
+      test::run(settled_and_admitted(store.settle_admit_submit(session_id("parent"), req, report)));
+  REQUIRE(done);
+  CHECK(w->stats().transactions == commits + 1);
+  CHECK(done->settled.row_written);
+  CHECK(done->admitted == admit_outcome::added);
+  CHECK_FALSE(done->parent_gone);
+  auto child = store.session(session_id("child"));
+  REQUIRE(child);
+  REQUIRE(*child);
+  CHECK_FALSE((*child)->busy);
+  auto inbox = store.inbox(session_id("parent"));
+  REQUIRE(inbox);
+  REQUIRE(inbox->size() == 1);
+  CHECK(inbox->front().body == "the report");
+  CHECK_FALSE(inbox->front().acked);  // unread until the parent's drain takes it
+  auto r = store.receipt_by_id(protocol::make_event_id(job.id, protocol::transition::completed));
+  REQUIRE(r);
+  REQUIRE(*r);
+  CHECK((*r)->state == receipt_state::acked);
+  auto owed = store.outstanding_jobs();
+  REQUIRE(owed);
+  CHECK(owed->empty());  // nothing in the outbox
+
+  // The same settle again finds the task terminal: nothing written, nothing
+  // admitted twice.
+  auto again =
+      test::run(settled_and_admitted(store.settle_admit_submit(session_id("parent"), req, report)));
+  REQUIRE(again);
+  CHECK_FALSE(again->settled.row_written);
+  CHECK_FALSE(again->admitted);
+  inbox = store.inbox(session_id("parent"));
+  REQUIRE(inbox);
+  CHECK(inbox->size() == 1);
+
+  // A none-mode report to a parent that is gone: its receipt is dropped.
+  REQUIRE(test::run(store.begin_busy(session_id("child"))));
+  settle_request none;
+  none.child = session_id("child");
+  none.mint_none = notification_id("msg_none");
+  none.parent = session_id("gone");
+  none.body = "nobody reads this";
+  auto dropped = test::run(settled_and_admitted(store.settle_admit_submit(
+      session_id("gone"), none, {*none.mint_none, session_id("child"), none.body, std::nullopt})));
+  REQUIRE(dropped);
+  CHECK(dropped->settled.row_written);
+  CHECK(dropped->parent_gone);
+  CHECK_FALSE(dropped->admitted);
+  r = store.receipt_by_id(
+      protocol::make_event_id(job_id("msg_none"), protocol::transition::completed));
+  REQUIRE(r);
+  REQUIRE(*r);
+  CHECK((*r)->state == receipt_state::dropped);
+  owed = store.outstanding_jobs();
+  REQUIRE(owed);
+  CHECK(owed->empty());
+}
+
 TEST_CASE("a write that answers false is awaited as false, not as true", "[regression]") {
   // The one-shot that carries a write's answer copied it as a const value
   // and moved it into the handler: boost::system::result<bool>'s converting

@@ -1,6 +1,6 @@
 // The recovery crash matrix (issue 16, part 4): recovery itself crashes. The
 // demo's report story is SIGKILLed at a point that leaves work owed (a report
-// in the outbox, a child mid-turn with a running job row and a live shell, a
+// unread in the parent's inbox, a child mid-turn with a running job row and a live shell, a
 // shell only admitted on disk, a shell whose end was written and not handed
 // over, a child that took its inbox and did not settle; the child's shell is
 // an owned job in the host's local sandbox daemon); the restart is then SIGKILLed
@@ -26,7 +26,8 @@ const std::string& k_tether = test::k_tether_cli;
 
 // Story kills that leave work for the restart.
 const std::vector<std::string> k_owed_states = {
-    "report.settle.after_commit:1",      // the child's first report is in the outbox
+    "report.settle.after_commit:1",      // the child's first report is in its parent's inbox,
+                                         // the parent not woken
     "delivery.started.after_commit:1",   // the child is mid-turn: a running job row, a live shell
     "delivery.launch.after_admit:1",     // the shell admitted, never dispatched: recovery marks it
                                          // lost

@@ -151,17 +151,21 @@ TEST_CASE(
   CHECK_FALSE((*child)->time_suspended);
 }
 
-TEST_CASE("a settled report whose delivery fails reaches its parent while the host runs",
-          "[recovery][regression]") {
+TEST_CASE(
+    "a report whose settle, folded with its admit, fails to commit reaches its parent while the "
+    "host runs",
+    "[recovery][regression]") {
   report_fixture f("recovery-deliver-retry");
   f.code("child")->fn = [](agent_context& ctx, drain_input) -> boost::asio::awaitable<void> {
     co_await ctx.say("the answer");
   };
-  // The next COMMIT after the child's settle is its report's admit: it fails.
+  // The next COMMIT after the child classifies its busy period is its settle,
+  // which admits the report in the same transaction: it fails.
   std::atomic<bool> injected{false};
-  f.observer->on_settled = [&](const session_id& s) {
+  f.observer->on_settling = [&](const session_id& s) -> boost::asio::awaitable<void> {
     if (s.str() == "child" && !injected.exchange(true))
       f.host->store().db_writer().inject_commit_failures(1);
+    co_return;
   };
   f.parent_spawns("child");
   f.quiet();
@@ -171,7 +175,7 @@ TEST_CASE("a settled report whose delivery fails reaches its parent while the ho
   auto jobs = f.host->store().outstanding_jobs();      // nothing running or owed
   REQUIRE(jobs);
   CHECK(jobs->empty());
-  CHECK(warned(f, {"the delivery is retried"}));
+  CHECK(warned(f, {"settle did not commit", "the settle is retried"}));
 }
 
 TEST_CASE(

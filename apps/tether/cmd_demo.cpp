@@ -594,14 +594,18 @@ int demo(const args& a) {
     (*h)->shutdown();
   }
 
-  // Part 2: the same story in a child process, SIGKILLed mid-settle.
+  // Part 2: the same story in a child process, SIGKILLed right after report
+  // 2's settle committed (with its admit), before the parent was woken.
   fs::path crashed = root / "crash";
   prepare_dir(crashed);
   std::cout << "\nCrash and restart: the same story in a child process with TETHER_CRASH_AT="
             << k_crash_at << "\n";
   int status = run_self({"demo", "--story", crashed.string()}, k_crash_at);
   bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-  expect(killed, "the child process died by SIGKILL after committing report 2, before admitting it",
+  expect(killed,
+         "the child process died by SIGKILL after committing report 2 (the child idle, the "
+         "report admitted into the parent's inbox in the same transaction), before waking the "
+         "parent",
          failures);
   {
     auto agents2 = story_agents();
@@ -616,7 +620,11 @@ int demo(const args& a) {
     int terminal = 0;
     if (owed)
       for (auto& j : *owed) terminal += j.owed;
-    std::cout << "  on disk after the kill: " << terminal << " owed report(s) in the outbox\n";
+    int unread = 0;
+    if (auto rows = (*h)->store().inbox(session_id(k_parent)))
+      for (auto& r : *rows) unread += r.acked ? 0 : 1;
+    std::cout << "  on disk after the kill: " << terminal << " owed report(s) in the outbox, "
+              << unread << " unread in the parent's inbox\n";
     auto boot = sync(**h, (*h)->boot());
     if (!boot) {
       std::cerr << "tether demo: " << boot.error().message << "\n";
@@ -627,7 +635,9 @@ int demo(const args& a) {
     auto c = check_inbox(**h);
     print_inbox(c);
     std::cout << "\nChecks after the restart:\n";
-    expect(terminal == 1 && boot->delivered == 1, "boot delivered the one owed report", failures);
+    expect(terminal == 0 && unread == 1 && boot->delivered == 0,
+           "nothing was left in the outbox: boot woke the parent for the report in its inbox",
+           failures);
     expect(c.reports == 2, "the parent has both reports", failures);
     expect(c.all_acked && c.duplicates_in_transcript == 0, "each exactly once, none lost",
            failures);
