@@ -470,21 +470,30 @@ TEST_CASE("a new database and its side files are 0600 whatever the umask") {
   }
 }
 
-TEST_CASE("deleting a session drops what was owed to it and keeps its tasks as history") {
-  test::scratch_dir dir("delete_session");
-  auto path = dir.file("t.db");
-  auto w = open_writer(path);
-  task_store store(*w, path);
+namespace {
+// A busy "parent" (a turn to bind the receipt to) that spawned "child" in the
+// background under `nid`, the child's busy period open: a report owed.
+job_row busy_background_child(task_store& store, const std::string& nid) {
   REQUIRE(test::run(store.create_session(session_named("parent"))));
-  REQUIRE(test::run(store.begin_busy(session_id("parent"))));  // a turn to bind the receipt to
+  REQUIRE(test::run(store.begin_busy(session_id("parent"))));
   job_row job;
-  job.id = job_id("msg_owed");
-  job.nid = notification_id("msg_owed");
+  job.id = job_id(nid);
+  job.nid = notification_id(nid);
   job.parent = session_id("parent");
   job.child = session_id("child");
   job.description = "audit";
   REQUIRE(test::run(store.spawn(session_named("child", "parent"), session_id("child"), "go", job)));
   REQUIRE(test::run(store.begin_busy(session_id("child"))));
+  return job;
+}
+}  // namespace
+
+TEST_CASE("deleting a session drops what was owed to it and keeps its tasks as history") {
+  test::scratch_dir dir("delete_session");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  task_store store(*w, path);
+  auto job = busy_background_child(store, "msg_owed");
   settle_request req;
   req.child = session_id("child");
   req.background_job = job.id;
@@ -541,16 +550,7 @@ TEST_CASE(
   auto path = dir.file("t.db");
   auto w = open_writer(path);
   task_store store(*w, path);
-  REQUIRE(test::run(store.create_session(session_named("parent"))));
-  REQUIRE(test::run(store.begin_busy(session_id("parent"))));
-  job_row job;
-  job.id = job_id("msg_folded");
-  job.nid = notification_id("msg_folded");
-  job.parent = session_id("parent");
-  job.child = session_id("child");
-  job.description = "audit";
-  REQUIRE(test::run(store.spawn(session_named("child", "parent"), session_id("child"), "go", job)));
-  REQUIRE(test::run(store.begin_busy(session_id("child"))));
+  auto job = busy_background_child(store, "msg_folded");
   settle_request req;
   req.child = session_id("child");
   req.background_job = job.id;
