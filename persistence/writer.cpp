@@ -4,36 +4,51 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <cstring>
 #include <unordered_map>
+#include <vector>
 
 namespace tether::persistence {
 
 namespace {
 // One cache per writer thread; it dies with the thread, before the writer
-// closes its connection.
+// closes its connection. Keyed by the SQL text's address (every caller passes
+// a literal or a constant that lives as long), so a lookup neither copies nor
+// hashes the text; a hit is checked against the statement's own text, and a
+// different text at an address seen before replaces it.
 struct statement_cache {
   SQLite::Database* db = nullptr;
-  std::unordered_map<std::string, std::unique_ptr<SQLite::Statement>> stmts;
+  std::unordered_map<const char*, std::unique_ptr<SQLite::Statement>> stmts;
+  // Handed out since the last reset_cached_statements(): only these can be
+  // mid-step, so only these are reset (not every statement of the cache).
+  std::vector<SQLite::Statement*> used;
 };
 thread_local statement_cache t_cache;
 
 void reset_cached_statements() {
-  for (auto& [sql, st] : t_cache.stmts) st->reset();
+  for (auto* st : t_cache.used) st->reset();
+  t_cache.used.clear();
 }
 }  // namespace
 
 SQLite::Statement& cached_statement(SQLite::Database& db, const char* sql) {
   if (t_cache.db != &db) {
+    t_cache.used.clear();
     t_cache.stmts.clear();
     t_cache.db = &db;
   }
   auto& slot = t_cache.stmts[sql];
+  if (slot && std::strcmp(slot->getQuery().c_str(), sql) != 0) {
+    std::erase(t_cache.used, slot.get());
+    slot.reset();
+  }
   if (!slot) {
     slot = std::make_unique<SQLite::Statement>(db, sql);
   } else {
     slot->reset();
     slot->clearBindings();
   }
+  t_cache.used.push_back(slot.get());
   return *slot;
 }
 

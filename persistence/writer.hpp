@@ -75,8 +75,11 @@ struct unwrap_result<result<T>> {
 
 /// A statement prepared once per writer connection and reused by every
 /// request that runs the same SQL. REQUIRES: called inside a write operation
-/// (on the writer thread). It comes back reset, bindings cleared; the writer
-/// resets every cached statement again before each COMMIT.
+/// (on the writer thread). The cache is keyed by the text's address (pass a
+/// literal or a constant, or every call prepares anew) and a hit is checked
+/// against the statement's text. It comes back reset,
+/// bindings cleared; the writer resets every statement handed out again after
+/// each request and before each COMMIT.
 SQLite::Statement& cached_statement(SQLite::Database& db, const char* sql);
 
 /// Counters for tests and benches.
