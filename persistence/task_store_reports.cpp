@@ -57,12 +57,18 @@ std::string job_payload_text(const job_row& r) {
 std::int64_t append_in_tx(SQLite::Database& db, const std::string& s, const std::string& role,
                           const std::string& kind, const std::string& status,
                           const std::string& text) {
-  auto& up = cached_statement(db, "UPDATE sessions SET seq = seq + 1 WHERE id = ? RETURNING seq");
+  // An UPDATE and a read of the row it just wrote, not UPDATE ... RETURNING:
+  // SQLite gathers a RETURNING statement's rows in an ephemeral table, which
+  // it opens and frees on every run (bench_settle's hottest write).
+  auto& up = cached_statement(db, "UPDATE sessions SET seq = seq + 1 WHERE id = ?");
   up.bind(1, s);
-  if (!up.executeStep())
+  if (up.exec() != 1)
     throw std::runtime_error("session '" + s + "' does not exist; no message appended");
-  std::int64_t seq = up.getColumn(0).getInt64();
-  up.reset();
+  auto& read = cached_statement(db, "SELECT seq FROM sessions WHERE id = ?");
+  read.bind(1, s);
+  read.executeStep();
+  std::int64_t seq = read.getColumn(0).getInt64();
+  read.reset();
   auto& ins =
       cached_statement(db,
                        "INSERT INTO messages (session_id, seq, role, kind, status, payload) "
@@ -487,22 +493,26 @@ awaitable<result<task_store::busy_start>> task_store::begin_busy(session_id s) {
   auto name = "begin busy period of " + s.str();
   auto fn = [s = std::move(s)](SQLite::Database& db) -> result<busy_start> {
     // A period that resumes a claim (the host died mid-turn) keeps its turn.
+    // No RETURNING (see append_in_tx): the row is read back.
     auto& st = cached_statement(db,
                                 "UPDATE sessions SET status = 'busy', "
                                 "turn = CASE WHEN time_suspended IS NULL OR turn IS NULL "
                                 "THEN ? ELSE turn END, "
-                                "time_suspended = coalesce(time_suspended, ?) WHERE id = ? "
-                                "RETURNING seq, input_cursor, turn");
+                                "time_suspended = coalesce(time_suspended, ?) WHERE id = ?");
     auto fresh_turn = protocol::mint("turn");
     st.bind(1, fresh_turn);
     st.bind(2, now_ms());
     st.bind(3, s.str());
-    if (!st.executeStep())
-      return error{errc::not_found, "session '" + s.str() + "' does not exist"};
-    auto turn = st.getColumn(2).getString();
+    if (st.exec() != 1) return error{errc::not_found, "session '" + s.str() + "' does not exist"};
+    auto& read = cached_statement(db, "SELECT seq, input_cursor, turn FROM sessions WHERE id = ?");
+    read.bind(1, s.str());
+    read.executeStep();
+    auto turn = read.getColumn(2).getString();
     bool resumed = turn != fresh_turn;
-    return busy_start{st.getColumn(0).getInt64(), st.getColumn(1).getInt64(),
-                      protocol::turn_id(std::move(turn)), resumed};
+    busy_start out{read.getColumn(0).getInt64(), read.getColumn(1).getInt64(),
+                   protocol::turn_id(std::move(turn)), resumed};
+    read.reset();
+    return out;
   };
   co_return co_await w_.write(std::move(name), 32, std::move(fn));
 }
