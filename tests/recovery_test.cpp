@@ -152,6 +152,44 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a child that settles after its parent was deleted writes its report owed to nobody: the "
+    "receipt is dropped and nothing waits in the outbox",
+    "[recovery]") {
+  report_fixture f("recovery-parent-deleted");
+  auto entered = runtime::one_shot<int>::make();
+  auto gate = runtime::one_shot<int>::make();
+  f.code("child")->fn = [entered, gate](agent_context& ctx,
+                                        drain_input) -> boost::asio::awaitable<void> {
+    entered->set(1);
+    co_await gate->async_wait(boost::asio::use_awaitable);
+    co_await ctx.say("nobody reads this");
+  };
+  f.parent_spawns("child");
+  f.sync(entered->async_wait(boost::asio::use_awaitable));
+  REQUIRE(f.sync(f.host->delete_session(session_id("parent"))));
+  gate->set(1);  // the child answers and settles: its parent is not there
+  f.quiet();
+  auto tasks = f.host->store().jobs();
+  REQUIRE(tasks);
+  REQUIRE(tasks->size() == 1);
+  CHECK(tasks->front().status == persistence::job_status::completed);
+  CHECK_FALSE(tasks->front().owed);
+  auto receipts = f.host->store().receipts_of(tasks->front().id);
+  REQUIRE(receipts);
+  int dropped = 0;
+  for (auto& r : *receipts)
+    if (r.transition != protocol::transition::started) {
+      CHECK(r.state == persistence::receipt_state::dropped);
+      ++dropped;
+    }
+  CHECK(dropped == 1);
+  auto owed = f.host->store().outstanding_jobs();
+  REQUIRE(owed);
+  CHECK(owed->empty());
+  CHECK(warned(f, {"owner session 'parent'", "1 owed report(s) dropped"}));
+}
+
+TEST_CASE(
     "a report whose settle, folded with its admit, fails to commit reaches its parent while the "
     "host runs",
     "[recovery][regression]") {
