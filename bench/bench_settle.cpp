@@ -1,6 +1,7 @@
 // bench_settle: end-to-end durable reports per second through the real host
-// (a busy period settles -> its settle commits -> the parent admits the
-// report), WAL and synchronous=FULL, with group commit next to the same run
+// (a busy period settles -> its settle commits, admitting the report into
+// the parent's inbox in the same transaction -> the parent drains it), WAL
+// and synchronous=FULL, with group commit next to the same run
 // with one transaction per settle ("one_tx_per_settle": host_options.max_batch
 // = 1, so every writer request, each settle included, commits alone), in the
 // same binary and on the same disk.
