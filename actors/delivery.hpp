@@ -1,9 +1,11 @@
 #pragma once
 // The one delivery path. Every pending receipt of every kind of task (a
 // subagent's report, an owned job's notice) reaches its owner here, live or
-// at boot. (A live report owed to a parent that is there never has a pending
+// at boot. (A live report owed to a parent that is there has no pending
 // receipt: its settle admits it in the same transaction, through the same
-// inbox actor, actors/session.cpp `settle_into_parent`.)
+// inbox actor, actors/session.cpp `settle_into_parent`. Only a settle that
+// could not reach the parent's inbox, or ran as the host shut down, leaves
+// one here.)
 //
 //   1. owner: the owner's session is loaded; gone (or of another tenant than
 //      the receipt's scope) means nobody is owed it any more, and the receipt

@@ -1078,9 +1078,10 @@ awaitable<bool> session::settle_into_parent(job_binding* job,
       done = std::move(*r);
       break;
     }
-    // The inbox stopped before it wrote anything (its session deleted or shut
-    // down): the plain settle.
-    if (r.error().code == errc::stopped || stopping_) co_return false;
+    // The inbox stopped or was closed before it wrote anything (its host
+    // shutting down, or its mailbox ended): the plain settle.
+    if (r.error().code == errc::stopped || r.error().code == errc::closed || stopping_)
+      co_return false;
     // Idempotent, as the plain settle is: retried while the host runs.
     host_.warn("session " + id().str() + ": settle did not commit: " + r.error().message +
                "; the busy period stays open and the settle is retried");

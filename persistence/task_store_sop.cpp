@@ -336,8 +336,10 @@ awaitable<result<std::vector<sop_run_row>>> task_store::sop_claim(std::string ow
                   c.previous.empty() ? "execution claim taken"
                                      : "execution claim taken over from " + c.previous +
                                            " (its lease lapsed or it is gone)");
-      auto& r = cached_statement(
-          db, (std::string("SELECT ") + k_run_cols + " FROM tasks WHERE id = ?").c_str());
+      // A constant: the statement cache is keyed by the text's address.
+      static const std::string k_run_by_id =
+          std::string("SELECT ") + k_run_cols + " FROM tasks WHERE id = ?";
+      auto& r = cached_statement(db, k_run_by_id.c_str());
       r.bind(1, c.id);
       r.executeStep();
       auto row = decode_run(r);

@@ -25,8 +25,10 @@ struct statement_cache {
 };
 thread_local statement_cache t_cache;
 
+// tryReset: reset() throws the error of a step that failed, which the
+// request already answered for; thrown here, it ended the writer thread.
 void reset_cached_statements() {
-  for (auto* st : t_cache.used) st->reset();
+  for (auto* st : t_cache.used) (void)st->tryReset();
   t_cache.used.clear();
 }
 }  // namespace
@@ -45,7 +47,7 @@ SQLite::Statement& cached_statement(SQLite::Database& db, const char* sql) {
   if (!slot) {
     slot = std::make_unique<SQLite::Statement>(db, sql);
   } else {
-    slot->reset();
+    (void)slot->tryReset();
     slot->clearBindings();
   }
   t_cache.used.push_back(slot.get());

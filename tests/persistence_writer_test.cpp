@@ -615,6 +615,33 @@ TEST_CASE(
   CHECK(owed->empty());
 }
 
+TEST_CASE("a request whose cached statement fails is rolled back alone and the writer goes on",
+          "[regression]") {
+  // The writer reset the cached statements after each request with
+  // Statement::reset(), which throws the error of a step that failed: out of
+  // the batch, ending the writer thread (std::terminate).
+  test::scratch_dir dir("cached-fails");
+  auto w = open_writer(dir.file("t.db"));
+  auto make = [](SQLite::Database& db) { db.exec("CREATE TABLE once (k INTEGER PRIMARY KEY)"); };
+  REQUIRE(test::run(w->write("make", 8, make)));
+  auto insert = [](SQLite::Database& db) {
+    cached_statement(db, "INSERT INTO once (k) VALUES (1)").exec();
+  };
+  REQUIRE(test::run(w->write("first", 8, insert)));
+  auto again = test::run(w->write("again", 8, insert));
+  REQUIRE_FALSE(again);
+  CHECK(again.error().code == errc::conflict);
+  auto count = [](SQLite::Database& db) -> result<int> {
+    return db.execAndGet("SELECT count(*) FROM once").getInt();
+  };
+  auto after = test::run(w->write("count", 8, count));
+  REQUIRE(after);
+  CHECK(*after == 1);
+  auto third = test::run(w->write("third", 8, insert));  // the cached statement, reused
+  REQUIRE_FALSE(third);
+  CHECK(third.error().code == errc::conflict);
+}
+
 TEST_CASE("a write that answers false is awaited as false, not as true", "[regression]") {
   // The one-shot that carries a write's answer copied it as a const value
   // and moved it into the handler: boost::system::result<bool>'s converting

@@ -55,8 +55,10 @@ struct counting_observer : actors::run_observer {
   std::function<void(const session_id&)> on_settled;
   // Called on the session's executor after a busy period began.
   std::function<void(const session_id&)> on_started;
-  // Called on the parent's executor when a report was admitted into its
-  // inbox, before the admit is answered (a boot's delivery waits for it).
+  // Called when a report was admitted into its parent's inbox: by the inbox
+  // on the parent's executor before the admit is answered (a boot's delivery
+  // waits for it), or, for a report its settle admitted, by the child on its
+  // executor after its `settled`.
   std::function<void(const session_id&)> on_admitted;
 
   void started(const session_id& s, std::int64_t seq) override {
