@@ -55,7 +55,7 @@ struct admit {
 /// session afterwards, as after an admit.
 struct settle_admit {
   persistence::settle_request settle;
-  persistence::report_item report;
+  protocol::notification_id report;  // the report's id (promised, or minted)
   runtime::reply_to<persistence::settle_admit_result> reply;
 };
 /// Steers the running turn (`steer`) or wakes the idle session with a prompt

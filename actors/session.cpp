@@ -1072,7 +1072,7 @@ awaitable<bool> session::settle_into_parent(job_binding* job,
   if (!parent) co_return false;  // gone (or unreadable): the plain settle, then its delivery
   persistence::settle_admit_result done;
   for (int attempt = 0;; ++attempt) {
-    inbox_msg::settle_admit ask{req, {nid, id(), req.body, std::nullopt}, {}};
+    inbox_msg::settle_admit ask{req, nid, {}};
     auto r = co_await (*parent)->inbox()->ask(std::move(ask));
     if (r) {
       done = std::move(*r);

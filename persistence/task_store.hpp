@@ -618,10 +618,10 @@ class task_store : public task_reader {
   /// settle() and the admit of the report it writes into `parent`'s inbox,
   /// in one transaction: the report's terminal receipt is written
   /// acknowledged (never pending, never updated), or dropped if the parent
-  /// is gone. `report` is the report as the parent's inbox admits it.
-  /// Queued now, resolved after its COMMIT.
+  /// is gone. The parent's inbox admits the report under `nid`, from
+  /// `req.child`, with `req.body`. Queued now, resolved after its COMMIT.
   std::shared_ptr<runtime::one_shot<result<settle_admit_result>>> settle_admit_submit(
-      session_id parent, settle_request req, report_item report);
+      session_id parent, settle_request req, notification_id nid);
   /// Admits reports or notices into a session's inbox, in order, settling
   /// their receipts as `how` says; per item, what it did (a repeat of an id
   /// already there is dropped). errc::not_found if the session is gone

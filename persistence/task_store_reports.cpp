@@ -54,6 +54,16 @@ std::string job_payload_text(const job_row& r) {
 }
 
 // Appends one message inside the caller's transaction; returns its seq.
+// The session's seq, nullopt if it is gone.
+std::optional<std::int64_t> session_seq(SQLite::Database& db, const std::string& s) {
+  auto& seq = cached_statement(db, "SELECT seq FROM sessions WHERE id = ?");
+  seq.bind(1, s);
+  if (!seq.executeStep()) return std::nullopt;
+  auto at = seq.getColumn(0).getInt64();
+  seq.reset();
+  return at;
+}
+
 std::int64_t append_in_tx(SQLite::Database& db, const std::string& s, const std::string& role,
                           const std::string& kind, const std::string& status,
                           const std::string& text) {
@@ -64,11 +74,7 @@ std::int64_t append_in_tx(SQLite::Database& db, const std::string& s, const std:
   up.bind(1, s);
   if (up.exec() != 1)
     throw std::runtime_error("session '" + s + "' does not exist; no message appended");
-  auto& read = cached_statement(db, "SELECT seq FROM sessions WHERE id = ?");
-  read.bind(1, s);
-  read.executeStep();
-  std::int64_t seq = read.getColumn(0).getInt64();
-  read.reset();
+  std::int64_t seq = *session_seq(db, s);  // the row just written
   auto& ins =
       cached_statement(db,
                        "INSERT INTO messages (session_id, seq, role, kind, status, payload) "
@@ -206,16 +212,6 @@ bool receipt_pending(SQLite::Database& db, const event_id& id) {
   return pending;
 }
 
-// The session's seq, nullopt if it is gone.
-std::optional<std::int64_t> session_seq(SQLite::Database& db, const session_id& s) {
-  auto& seq = cached_statement(db, "SELECT seq FROM sessions WHERE id = ?");
-  seq.bind(1, s.str());
-  if (!seq.executeStep()) return std::nullopt;
-  auto at = seq.getColumn(0).getInt64();
-  seq.reset();
-  return at;
-}
-
 // Admits into `to`'s inbox, its seq `at_seq` (read in this transaction).
 // `receipts_written`: the reports' receipts were written acknowledged by the
 // same transaction, and are not touched again.
@@ -268,7 +264,7 @@ std::vector<admit_outcome> admit_rows(SQLite::Database& db, const session_id& to
 std::optional<std::vector<admit_outcome>> admit_in_tx(SQLite::Database& db, const session_id& to,
                                                       const std::vector<report_item>& items,
                                                       admit_receipts how) {
-  auto at_seq = session_seq(db, to);
+  auto at_seq = session_seq(db, to.str());
   if (!at_seq) return std::nullopt;
   return admit_rows(db, to, *at_seq, items, how);
 }
@@ -618,20 +614,20 @@ awaitable<result<settle_result>> task_store::settle(settle_request req) {
 }
 
 std::shared_ptr<runtime::one_shot<result<settle_admit_result>>> task_store::settle_admit_submit(
-    session_id parent, settle_request req, report_item report) {
+    session_id parent, settle_request req, notification_id nid) {
   auto name = "settle " + req.child.str() + " and admit its report to " + parent.str();
-  std::size_t bytes = req.body.size() + report.body.size() + 256;
+  std::size_t bytes = 2 * req.body.size() + 256;
+  std::vector<report_item> items{{std::move(nid), req.child, req.body, std::nullopt}};
   auto fn = [parent = std::move(parent), req = std::move(req),
-             report = std::move(report)](SQLite::Database& db) {
+             items = std::move(items)](SQLite::Database& db) {
     settle_admit_result out;
-    auto at_seq = session_seq(db, parent);
+    auto at_seq = session_seq(db, parent.str());
     out.settled = settle_in_tx(db, req, at_seq ? "acked" : "dropped");
     if (!out.settled.row_written) return out;
     if (!at_seq) {
       out.parent_gone = true;
       return out;
     }
-    std::vector<report_item> items{report};
     out.admitted = admit_rows(db, parent, *at_seq, items, admit_receipts::reports, true).front();
     return out;
   };

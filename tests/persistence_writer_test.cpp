@@ -555,10 +555,9 @@ TEST_CASE(
   req.child = session_id("child");
   req.background_job = job.id;
   req.body = "the report";
-  report_item report{job.nid, session_id("child"), req.body, std::nullopt};
   auto commits = w->stats().transactions;
-  auto done =
-      test::run(settled_and_admitted(store.settle_admit_submit(session_id("parent"), req, report)));
+  auto done = test::run(
+      settled_and_admitted(store.settle_admit_submit(session_id("parent"), req, job.nid)));
   REQUIRE(done);
   CHECK(w->stats().transactions == commits + 1);
   CHECK(done->settled.row_written);
@@ -583,8 +582,8 @@ TEST_CASE(
 
   // The same settle again finds the task terminal: nothing written, nothing
   // admitted twice.
-  auto again =
-      test::run(settled_and_admitted(store.settle_admit_submit(session_id("parent"), req, report)));
+  auto again = test::run(
+      settled_and_admitted(store.settle_admit_submit(session_id("parent"), req, job.nid)));
   REQUIRE(again);
   CHECK_FALSE(again->settled.row_written);
   CHECK_FALSE(again->admitted);
@@ -599,8 +598,8 @@ TEST_CASE(
   none.mint_none = notification_id("msg_none");
   none.parent = session_id("gone");
   none.body = "nobody reads this";
-  auto dropped = test::run(settled_and_admitted(store.settle_admit_submit(
-      session_id("gone"), none, {*none.mint_none, session_id("child"), none.body, std::nullopt})));
+  auto dropped = test::run(
+      settled_and_admitted(store.settle_admit_submit(session_id("gone"), none, *none.mint_none)));
   REQUIRE(dropped);
   CHECK(dropped->settled.row_written);
   CHECK(dropped->parent_gone);
