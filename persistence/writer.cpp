@@ -239,62 +239,104 @@ error writer::whole_rollback(const detail::request& r, std::size_t at, std::size
                              " after it were not run"};
 }
 
-void writer::run_batch(std::deque<std::unique_ptr<detail::request>>& batch) {
-  auto& db = *db_;
-  // A batch that cannot even begin fails as a whole.
+bool writer::begin(std::deque<std::unique_ptr<detail::request>>& batch) {
   try {
-    db.exec("BEGIN IMMEDIATE");
+    db_->exec("BEGIN IMMEDIATE");
+    return true;
   } catch (const std::exception& e) {
+    // A batch that cannot even begin fails as a whole.
     error err{errc::io, "BEGIN IMMEDIATE failed: " + sqlite_message(e) +
                             "; nothing of this batch was written"};
     for (auto& r : batch) r->fail(err);
     std::lock_guard lk(m_);
     stats_.failed_commits++;
-    return;
+    return false;
   }
-  std::vector<std::optional<error>> errors(batch.size());
-  // Set when SQLite rolled back the whole transaction inside a request
-  // (SQLITE_FULL, IOERR, NOMEM, BUSY): nothing of this batch is written, and
-  // the requests after it are not run (a SAVEPOINT would open an autocommit
-  // transaction that its RELEASE commits).
-  std::optional<error> lost;
-  for (std::size_t i = 0; i < batch.size() && !lost; ++i) {
-    auto& r = *batch[i];
-    std::optional<error> err;
-    try {
-      exec(savepoint_);
-      auto res = r.run(db);
-      if (!res) err = res.error();
-    } catch (const SQLite::Exception& e) {
-      int code = e.getErrorCode();
-      err = error{code == SQLITE_CONSTRAINT ? errc::conflict : errc::io,
-                  "'" + r.name + "' failed: " + sqlite_message(e) + "; it was rolled back alone"};
-    } catch (const error_exception& e) {
-      err = e.err();  // a request's own refusal, mid-transaction (its code kept)
-    } catch (const std::exception& e) {
-      err = error{errc::failed, "'" + r.name + "' threw: " + std::string(e.what()) +
-                                    "; it was rolled back alone"};
+}
+
+std::optional<error> writer::run_one(detail::request& r, bool savepoint) {
+  auto& db = *db_;
+  std::optional<error> err;
+  try {
+    if (savepoint) exec(savepoint_);
+    auto res = r.run(db);
+    if (!res) err = res.error();
+  } catch (const SQLite::Exception& e) {
+    int code = e.getErrorCode();
+    err = error{code == SQLITE_CONSTRAINT ? errc::conflict : errc::io,
+                "'" + r.name + "' failed: " + sqlite_message(e) + "; it was rolled back alone"};
+  } catch (const error_exception& e) {
+    err = e.err();  // a request's own refusal, mid-transaction (its code kept)
+  } catch (const std::exception& e) {
+    err = error{errc::failed,
+                "'" + r.name + "' threw: " + std::string(e.what()) + "; it was rolled back alone"};
+  }
+  // A request may leave a cached statement mid-step (a read it stopped
+  // early): reset them so the savepoint can be released, and so that no
+  // cursor stays open under the next request's writes.
+  reset_cached_statements();
+  if (!savepoint || sqlite3_get_autocommit(db.getHandle()) != 0) return err;
+  try {
+    if (err) exec(rollback_to_);
+    exec(release_);
+  } catch (const std::exception& e) {
+    // The savepoint machinery itself failed: the transaction is unusable.
+    if (!err)
+      err = error{errc::io, "'" + r.name + "': savepoint release failed: " + sqlite_message(e)};
+  }
+  return err;
+}
+
+bool writer::run_requests(std::deque<std::unique_ptr<detail::request>>& batch, bool savepoints,
+                          std::vector<std::optional<error>>& errors, std::optional<error>& lost) {
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    auto err = run_one(*batch[i], savepoints);
+    // SQLite rolled back the whole transaction inside the request (SQLITE_FULL,
+    // IOERR, NOMEM, BUSY): nothing of this batch is written, and the requests
+    // after it are not run (a SAVEPOINT would open an autocommit transaction
+    // that its RELEASE commits).
+    if (sqlite3_get_autocommit(db_->getHandle()) != 0) {
+      lost = whole_rollback(*batch[i], i, batch.size(), err);
+      return true;
     }
-    // A request may leave a cached statement mid-step (a RETURNING read
-    // once): reset them so the savepoint can be released.
-    reset_cached_statements();
-    if (sqlite3_get_autocommit(db.getHandle()) != 0) {
-      lost = whole_rollback(r, i, batch.size(), err);
-      break;
-    }
-    try {
-      if (err) exec(rollback_to_);
-      exec(release_);
-    } catch (const std::exception& e) {
-      // The savepoint machinery itself failed: the transaction is unusable.
-      if (!err)
-        err = error{errc::io, "'" + r.name + "': savepoint release failed: " + sqlite_message(e)};
-    }
-    if (sqlite3_get_autocommit(db.getHandle()) != 0) {
-      lost = whole_rollback(r, i, batch.size(), err);
-      break;
-    }
+    if (err && !savepoints) return false;  // its writes so far are in the transaction
     errors[i] = std::move(err);
+  }
+  return true;
+}
+
+void writer::run_batch(std::deque<std::unique_ptr<detail::request>>& batch) {
+  auto& db = *db_;
+  if (!begin(batch)) return;
+  std::vector<std::optional<error>> errors(batch.size());
+  std::optional<error> lost;
+  // First without savepoints: a SAVEPOINT and its RELEASE per request cost
+  // more than most requests (each page a request writes is first copied to
+  // the savepoint's journal). When one fails, what it wrote before failing
+  // is in the transaction: the whole transaction is rolled back, and the
+  // batch runs again with each request in its own savepoint, which rolls a
+  // failing one back alone. A request may so run twice, the first time
+  // undone (writer::op calls it as const: its captures are the same).
+  if (!run_requests(batch, false, errors, lost)) {
+    bool rolled_back = false;
+    try {
+      db.exec("ROLLBACK");
+      rolled_back = sqlite3_get_autocommit(db.getHandle()) != 0;
+    } catch (const std::exception&) {
+    }
+    {
+      std::lock_guard lk(m_);
+      stats_.batches_rerun++;
+    }
+    if (!rolled_back) {
+      lost = error{errc::io,
+                   "the transaction could not be rolled back after a request of the "
+                   "batch failed; nothing of this batch of " +
+                       std::to_string(batch.size()) + " requests was written"};
+    } else {
+      if (!begin(batch)) return;
+      run_requests(batch, true, errors, lost);
+    }
   }
   std::optional<error> commit_err = std::move(lost);
   if (!commit_err) {

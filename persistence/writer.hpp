@@ -2,8 +2,11 @@
 // The single writer: one actor that owns the only write connection, on its own
 // thread. Requests are named write operations. The receive loop takes the first
 // request, drains more up to a count and a byte bound, and runs them in one
-// BEGIN IMMEDIATE transaction, each inside its own SAVEPOINT (a failing request
-// rolls back alone and gets its own error). Only after COMMIT returns is any
+// BEGIN IMMEDIATE transaction. A failing request rolls back alone and gets its
+// own error: the batch runs first without savepoints, and if a request fails,
+// the transaction is rolled back and the batch runs again with each request
+// inside its own SAVEPOINT (so a request may run twice, the first run undone;
+// it is called as const and must change nothing but the database). Only after COMMIT returns is any
 // requester answered; if COMMIT fails, every requester of the batch gets that
 // error; if SQLite rolls the whole transaction back inside a request (a full
 // disk, an I/O error, no memory), the batch ends there and every requester gets
@@ -39,6 +42,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <vector>
 
 struct sqlite3;
 
@@ -56,8 +60,9 @@ struct request {
   virtual ~request() = default;
   std::string name;
   std::size_t bytes = 0;
-  // Runs inside the request's savepoint. An error (returned or thrown) rolls
-  // the savepoint back.
+  // Runs inside the batch's transaction (on a re-run, inside the request's
+  // savepoint). An error (returned or thrown) has what it wrote rolled back.
+  // May be called twice, the first run rolled back.
   virtual result<void> run(SQLite::Database& db) = 0;
   virtual void answer() = 0;              // after COMMIT: the value, or run()'s error
   virtual void fail(const error& e) = 0;  // the batch did not commit
@@ -87,6 +92,7 @@ struct writer_stats {
   std::uint64_t transactions = 0;  // COMMITs attempted
   std::uint64_t requests = 0;
   std::uint64_t failed_commits = 0;
+  std::uint64_t batches_rerun = 0;       // a request failed: run again, each in a savepoint
   std::uint64_t checkpoints = 0;         // PASSIVE checkpoints the checkpointer ran
   std::uint64_t writer_checkpoints = 0;  // catch-ups the writer ran between transactions
   int wal_frames = 0;                    // frames in the WAL after the last commit
@@ -105,7 +111,7 @@ class writer {
   /// returns a handle that resolves after its transaction committed.
   template <class F>
   auto submit(std::string name, std::size_t bytes, F fn) {
-    using raw = std::invoke_result_t<F&, SQLite::Database&>;
+    using raw = std::invoke_result_t<const F&, SQLite::Database&>;
     using T = typename detail::unwrap_result<raw>::type;
     auto st = runtime::one_shot<result<T>>::make();
     auto req = std::make_unique<op<T, F>>(std::move(fn), st);
@@ -117,8 +123,8 @@ class writer {
 
   /// The awaitable form of submit().
   template <class F>
-  auto write(std::string name, std::size_t bytes, F fn) -> awaitable<
-      result<typename detail::unwrap_result<std::invoke_result_t<F&, SQLite::Database&>>::type>> {
+  auto write(std::string name, std::size_t bytes, F fn) -> awaitable<result<
+      typename detail::unwrap_result<std::invoke_result_t<const F&, SQLite::Database&>>::type>> {
     auto st = submit(std::move(name), bytes, std::move(fn));
     co_return co_await st->async_wait(asio::use_awaitable);
   }
@@ -150,15 +156,18 @@ class writer {
     result<T> value = error{errc::failed, "not run"};
 
     result<void> run(SQLite::Database& db) override {
+      // As const: a run that is rolled back and run again (see run_batch)
+      // finds its captures as they were (a mutable closure does not compile).
+      const F& call = fn;
       if constexpr (std::is_void_v<T>) {
-        if constexpr (std::is_void_v<std::invoke_result_t<F&, SQLite::Database&>>) {
-          fn(db);
+        if constexpr (std::is_void_v<std::invoke_result_t<const F&, SQLite::Database&>>) {
+          call(db);
           value = {};
         } else {
-          value = fn(db);
+          value = call(db);
         }
       } else {
-        value = fn(db);
+        value = call(db);
       }
       if (!value) return value.error();
       return {};
@@ -171,6 +180,16 @@ class writer {
   void enqueue(std::unique_ptr<detail::request> r);
   void loop();
   void run_batch(std::deque<std::unique_ptr<detail::request>>& batch);
+  // BEGIN IMMEDIATE; if it fails, every request of the batch is failed.
+  bool begin(std::deque<std::unique_ptr<detail::request>>& batch);
+  // One request, in a savepoint of its own or not; its error, if any.
+  std::optional<error> run_one(detail::request& r, bool savepoint);
+  // Runs the batch's requests in the open transaction. Without savepoints,
+  // stops at the first that fails and returns false (its writes so far are
+  // in the transaction); sets `lost` if SQLite rolled the whole transaction
+  // back.
+  bool run_requests(std::deque<std::unique_ptr<detail::request>>& batch, bool savepoints,
+                    std::vector<std::optional<error>>& errors, std::optional<error>& lost);
   static int commit_hook(void* self);
   static int wal_hook(void* self, sqlite3* db, const char* name, int frames);
   void checkpoint_loop();

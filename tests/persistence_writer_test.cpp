@@ -93,6 +93,8 @@ TEST_CASE("500 concurrent writers commit in far fewer transactions, 5 bad ones f
   }
   CHECK(failed == 5);
   CHECK(count_rows(dir.file("t.db")) == 495);
+  // A batch with a bad request ran again, each request in its own savepoint.
+  CHECK(w->stats().batches_rerun >= 1);
   auto txs = w->stats().transactions - before;
   INFO("transactions for 500 writers: " << txs);
   CHECK(txs < 50);
@@ -328,6 +330,38 @@ TEST_CASE(
       "next", 8, [](SQLite::Database& db) { db.exec("INSERT INTO t (k, v) VALUES (4, 'next')"); });
   REQUIRE(test::run(next->async_wait(asio::use_awaitable)));
   CHECK(has_row(path, 4));
+}
+
+TEST_CASE(
+    "a request that fails after writing leaves nothing, and the rest of its batch commits once") {
+  test::scratch_dir dir("partial");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  create_table(*w);
+  auto reruns = w->stats().batches_rerun;
+  auto txs = w->stats().transactions;
+  // The batch runs without savepoints first: the failure finds 'before' and
+  // its own first row in the transaction. Both runs of 'before' insert the
+  // same key, so a first run left in place would fail the second.
+  auto results = batch_around(*w, [](SQLite::Database& db) {
+    db.exec("INSERT INTO t (k, v) VALUES (2, 'partial')");
+    throw std::runtime_error("refused after its first row");
+  });
+  REQUIRE(results.size() == 3);
+  CHECK(results[0]);
+  REQUIRE_FALSE(results[1]);
+  CHECK(results[1].error().code == errc::failed);
+  CHECK(results[1].error().message.find("refused after its first row") != std::string::npos);
+  CHECK(results[1].error().message.find("rolled back alone") != std::string::npos);
+  CHECK(results[2]);
+  CHECK(has_row(path, 1));
+  CHECK_FALSE(has_row(path, 2));
+  CHECK(has_row(path, 3));
+  CHECK(count_rows(path) == 2);
+  CHECK(w->stats().batches_rerun == reruns + 1);
+  // The held request's transaction, then the batch's one.
+  CHECK(w->stats().transactions == txs + 2);
+  CHECK(w->stats().failed_commits == 0);
 }
 
 TEST_CASE("a full database that rolls back the whole transaction fails its batch truthfully") {
