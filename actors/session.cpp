@@ -534,8 +534,24 @@ awaitable<void> session::handle(session_message& m) {
     }
     if (w->counted) host_.activity(-1);
   } else if (auto* in = std::get_if<input>(&m)) {
+    auto scope = in->kind == "steer" ? wake_scope::steer : wake_scope::input;
+    if (phase_ == phase::idle && !stopping_) {
+      // The input starts a busy period: one write appends it and opens the
+      // period. Nothing else starts one while this handler waits (the
+      // mailbox runs one message at a time, and no period is running).
+      auto begun = co_await host_.store().append_and_begin_busy(id(), in->kind, in->text);
+      if (!begun) {
+        in->reply.send(begun.error());
+        co_return;
+      }
+      auto seq = begun->seq;
+      pending_ = scope;
+      start_busy_period(std::move(*begun));
+      in->reply.send(seq);
+      co_return;
+    }
     auto seq = co_await host_.store().append(id(), "user", in->kind, "completed", in->text);
-    if (seq) this->ring(in->kind == "steer" ? wake_scope::steer : wake_scope::input);
+    if (seq) this->ring(scope);
     in->reply.send(std::move(seq));
   } else if (auto* ad = std::get_if<admitted>(&m)) {
     inbox_dirty_ = true;
@@ -714,7 +730,7 @@ awaitable<bool> session::withholding() {
   co_return row_.job_policy == "withhold";
 }
 
-void session::start_busy_period() {
+void session::start_busy_period(std::optional<persistence::task_store::busy_start> begun) {
   phase_ = phase::busy;
   busy_done_ = runtime::one_shot<int>::make();
   host_.activity(+1);
@@ -724,7 +740,7 @@ void session::start_busy_period() {
   auto on_end = [self](std::exception_ptr e) {
     if (e) self->busy_period_failed(e);
   };
-  asio::co_spawn(ex, run_busy(self), asio::bind_executor(ex, std::move(on_end)));
+  asio::co_spawn(ex, run_busy(self, std::move(begun)), asio::bind_executor(ex, std::move(on_end)));
 }
 
 void session::busy_period_failed(std::exception_ptr e) {
@@ -759,14 +775,19 @@ awaitable<void> session::run_drain(std::shared_ptr<context> ctx, drain_input in)
   co_await agent_->drain(*ctx, std::move(in));
 }
 
-awaitable<void> session::run_busy(std::shared_ptr<session> self) {
+awaitable<void> session::run_busy(std::shared_ptr<session> self,
+                                  std::optional<persistence::task_store::busy_start> opened) {
   auto& store = host_.store();
   // started: open the busy period on disk and remember startedSeq.
   if (!queued_jobs_.empty() && (!job_ || job_->reported)) {
     job_ = std::move(queued_jobs_.front());
     queued_jobs_.erase(queued_jobs_.begin());
   }
-  auto begun = co_await store.begin_busy(id());
+  result<persistence::task_store::busy_start> begun = error{errc::failed, "not begun"};
+  if (opened)
+    begun = std::move(*opened);
+  else
+    begun = co_await store.begin_busy(id());
   if (!begun) {
     host_.warn("session " + id().str() + ": cannot open a busy period: " + begun.error().message);
     phase_ = phase::idle;

@@ -143,8 +143,11 @@ class session : public runtime::actor<session, session_message> {
   enum class phase { idle, busy, settling };
 
   void ring(wake_scope s);  // the coordinator's wake
-  void start_busy_period();
-  awaitable<void> run_busy(std::shared_ptr<session> self);
+  /// `begun`: the period was opened on disk already (an input to an idle
+  /// session, appended in the same transaction).
+  void start_busy_period(std::optional<persistence::task_store::busy_start> begun = std::nullopt);
+  awaitable<void> run_busy(std::shared_ptr<session> self,
+                           std::optional<persistence::task_store::busy_start> begun);
   /// run_busy threw: logs it and ends the busy period in memory (waiters,
   /// activity, the binding unclassified) so nothing waits on it for ever.
   void busy_period_failed(std::exception_ptr e);

@@ -605,6 +605,11 @@ class task_store : public task_reader {
     bool resumed = false;
   };
   awaitable<result<busy_start>> begin_busy(session_id s);
+  /// A user input (kind "prompt" or "steer") to an idle session: appends it
+  /// and opens the busy period it starts, in one transaction (append, then
+  /// begin_busy, as one write). The start's seq is the input's.
+  awaitable<result<busy_start>> append_and_begin_busy(session_id s, std::string kind,
+                                                      std::string text);
   /// Creates a child (unless it exists), appends its prompt and, for a
   /// background job, writes the running row: all in one transaction, before
   /// the child's busy period can start. A job for a child that owes no other

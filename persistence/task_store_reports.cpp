@@ -64,17 +64,10 @@ std::optional<std::int64_t> session_seq(SQLite::Database& db, const std::string&
   return at;
 }
 
-std::int64_t append_in_tx(SQLite::Database& db, const std::string& s, const std::string& role,
-                          const std::string& kind, const std::string& status,
-                          const std::string& text) {
-  // An UPDATE and a read of the row it just wrote, not UPDATE ... RETURNING:
-  // SQLite gathers a RETURNING statement's rows in an ephemeral table, which
-  // it opens and frees on every run (bench_settle's hottest write).
-  auto& up = cached_statement(db, "UPDATE sessions SET seq = seq + 1 WHERE id = ?");
-  up.bind(1, s);
-  if (up.exec() != 1)
-    throw std::runtime_error("session '" + s + "' does not exist; no message appended");
-  std::int64_t seq = *session_seq(db, s);  // the row just written
+// A transcript row at `seq`, which its caller gave the session.
+void insert_message(SQLite::Database& db, const std::string& s, std::int64_t seq,
+                    const std::string& role, const std::string& kind, const std::string& status,
+                    const std::string& text) {
   auto& ins =
       cached_statement(db,
                        "INSERT INTO messages (session_id, seq, role, kind, status, payload) "
@@ -86,6 +79,20 @@ std::int64_t append_in_tx(SQLite::Database& db, const std::string& s, const std:
   ins.bind(5, status);
   ins.bind(6, protocol::to_text(protocol::to_json(protocol::message_payload{text})));
   ins.exec();
+}
+
+std::int64_t append_in_tx(SQLite::Database& db, const std::string& s, const std::string& role,
+                          const std::string& kind, const std::string& status,
+                          const std::string& text) {
+  // An UPDATE and a read of the row it just wrote, not UPDATE ... RETURNING:
+  // SQLite gathers a RETURNING statement's rows in an ephemeral table, which
+  // it opens and frees on every run (bench_settle's hottest write).
+  auto& up = cached_statement(db, "UPDATE sessions SET seq = seq + 1 WHERE id = ?");
+  up.bind(1, s);
+  if (up.exec() != 1)
+    throw std::runtime_error("session '" + s + "' does not exist; no message appended");
+  std::int64_t seq = *session_seq(db, s);  // the row just written
+  insert_message(db, s, seq, role, kind, status, text);
   return seq;
 }
 
@@ -485,32 +492,62 @@ awaitable<result<std::int64_t>> task_store::append(session_id s, std::string rol
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
+namespace {
+// Opens a busy period on disk: status busy and the claim set, and with
+// `append` a transcript message in the same statement's seq. A period that
+// resumes a claim (the host died mid-turn) keeps its turn. No RETURNING (see
+// append_in_tx): the row is read back.
+result<task_store::busy_start> begin_busy_in_tx(SQLite::Database& db, const std::string& s,
+                                                bool append) {
+  auto& st = cached_statement(db, append ? "UPDATE sessions SET seq = seq + 1, status = 'busy', "
+                                           "turn = CASE WHEN time_suspended IS NULL OR turn IS "
+                                           "NULL THEN ? ELSE turn END, "
+                                           "time_suspended = coalesce(time_suspended, ?) "
+                                           "WHERE id = ?"
+                                         : "UPDATE sessions SET status = 'busy', "
+                                           "turn = CASE WHEN time_suspended IS NULL OR turn IS "
+                                           "NULL THEN ? ELSE turn END, "
+                                           "time_suspended = coalesce(time_suspended, ?) "
+                                           "WHERE id = ?");
+  auto fresh_turn = protocol::mint("turn");
+  st.bind(1, fresh_turn);
+  st.bind(2, now_ms());
+  st.bind(3, s);
+  if (st.exec() != 1) return error{errc::not_found, "session '" + s + "' does not exist"};
+  auto& read = cached_statement(db, "SELECT seq, input_cursor, turn FROM sessions WHERE id = ?");
+  read.bind(1, s);
+  read.executeStep();
+  auto turn = read.getColumn(2).getString();
+  bool resumed = turn != fresh_turn;
+  task_store::busy_start out{read.getColumn(0).getInt64(), read.getColumn(1).getInt64(),
+                             protocol::turn_id(std::move(turn)), resumed};
+  read.reset();
+  return out;
+}
+}  // namespace
+
 awaitable<result<task_store::busy_start>> task_store::begin_busy(session_id s) {
   auto name = "begin busy period of " + s.str();
-  auto fn = [s = std::move(s)](SQLite::Database& db) -> result<busy_start> {
-    // A period that resumes a claim (the host died mid-turn) keeps its turn.
-    // No RETURNING (see append_in_tx): the row is read back.
-    auto& st = cached_statement(db,
-                                "UPDATE sessions SET status = 'busy', "
-                                "turn = CASE WHEN time_suspended IS NULL OR turn IS NULL "
-                                "THEN ? ELSE turn END, "
-                                "time_suspended = coalesce(time_suspended, ?) WHERE id = ?");
-    auto fresh_turn = protocol::mint("turn");
-    st.bind(1, fresh_turn);
-    st.bind(2, now_ms());
-    st.bind(3, s.str());
-    if (st.exec() != 1) return error{errc::not_found, "session '" + s.str() + "' does not exist"};
-    auto& read = cached_statement(db, "SELECT seq, input_cursor, turn FROM sessions WHERE id = ?");
-    read.bind(1, s.str());
-    read.executeStep();
-    auto turn = read.getColumn(2).getString();
-    bool resumed = turn != fresh_turn;
-    busy_start out{read.getColumn(0).getInt64(), read.getColumn(1).getInt64(),
-                   protocol::turn_id(std::move(turn)), resumed};
-    read.reset();
-    return out;
+  auto fn = [s = std::move(s)](SQLite::Database& db) {
+    return begin_busy_in_tx(db, s.str(), false);
   };
   co_return co_await w_.write(std::move(name), 32, std::move(fn));
+}
+
+awaitable<result<task_store::busy_start>> task_store::append_and_begin_busy(session_id s,
+                                                                            std::string kind,
+                                                                            std::string text) {
+  auto name = "append " + kind + " to " + s.str() + " and begin its busy period";
+  std::size_t bytes = text.size() + 96;
+  auto fn = [s = std::move(s), kind = std::move(kind),
+             text = std::move(text)](SQLite::Database& db) -> result<busy_start> {
+    auto begun = begin_busy_in_tx(db, s.str(), true);
+    if (!begun) return begun;
+    // The message takes the seq the claim's statement gave the session.
+    insert_message(db, s.str(), begun->seq, "user", kind, "completed", text);
+    return begun;
+  };
+  co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
 awaitable<result<std::int64_t>> task_store::spawn(std::optional<session_row> create,

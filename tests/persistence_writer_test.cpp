@@ -785,3 +785,51 @@ TEST_CASE(
   CHECK(detail.find("USING INDEX inbox_pending") != std::string::npos);
   CHECK(detail.find("inbox_order") == std::string::npos);
 }
+
+TEST_CASE("an input to an idle session is appended and opens its busy period in one write") {
+  test::scratch_dir dir("append_and_begin");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  task_store store(*w, path);
+  REQUIRE(test::run(store.create_session(session_named("solo"))));
+  REQUIRE(test::run(store.append(session_id("solo"), "user", "prompt", "completed", "first")));
+  auto requests = w->stats().requests;
+
+  auto begun = test::run(store.append_and_begin_busy(session_id("solo"), "prompt", "second"));
+  REQUIRE(begun);
+  CHECK(w->stats().requests == requests + 1);
+  CHECK(begun->seq == 2);  // the input's seq: the period starts after it was written
+  CHECK(begun->input_cursor == 0);
+  CHECK_FALSE(begun->resumed);
+  auto row = store.session(session_id("solo"));
+  REQUIRE(row);
+  REQUIRE(row->has_value());
+  CHECK((*row)->busy);
+  CHECK((*row)->time_suspended.has_value());  // the claim
+  CHECK((*row)->seq == 2);
+  REQUIRE((*row)->turn.has_value());
+  CHECK(*(*row)->turn == begun->turn);
+  auto msgs = store.messages(session_id("solo"));
+  REQUIRE(msgs);
+  REQUIRE(msgs->size() == 2);
+  CHECK(msgs->back().seq == 2);
+  CHECK(msgs->back().role == "user");
+  CHECK(msgs->back().kind == "prompt");
+  CHECK(msgs->back().text == "second");
+
+  // A claim a crashed host left: the period resumes it and keeps its turn.
+  auto again = test::run(store.append_and_begin_busy(session_id("solo"), "steer", "third"));
+  REQUIRE(again);
+  CHECK(again->resumed);
+  CHECK(again->turn == begun->turn);
+  CHECK(again->seq == 3);
+
+  // No such session: nothing is written, and the error names it.
+  auto none = test::run(store.append_and_begin_busy(session_id("nobody"), "prompt", "lost"));
+  REQUIRE_FALSE(none);
+  CHECK(none.error().code == errc::not_found);
+  CHECK(none.error().message.find("nobody") != std::string::npos);
+  auto nothing = store.messages(session_id("nobody"));
+  REQUIRE(nothing);
+  CHECK(nothing->empty());
+}
