@@ -545,8 +545,12 @@ awaitable<void> session::handle(session_message& m) {
         co_return;
       }
       auto seq = begun->seq;
-      pending_ = scope;
-      start_busy_period(std::move(*begun));
+      if (phase_ == phase::idle && !stopping_) {
+        pending_ = scope;
+        start_busy_period(std::move(*begun));
+      } else {
+        this->ring(scope);  // not reached (see above); the running period drains it
+      }
       in->reply.send(seq);
       co_return;
     }

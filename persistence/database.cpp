@@ -382,7 +382,8 @@ result<std::unique_ptr<SQLite::Database>> open_new_or_existing(const db_options&
     db->exec(opts.sync == sync_mode::full ? "PRAGMA synchronous = FULL"
                                           : "PRAGMA synchronous = NORMAL");
     db->exec("PRAGMA foreign_keys = ON");
-    // The writer runs each request of a group commit under a savepoint, and
+    // A group commit that a request failing after its writes makes run
+    // again runs each request under a savepoint (persistence/writer.hpp), and
     // SQLite keeps the original of every page a savepoint changes in a
     // sub-journal, a temporary file by default: pages written and read back
     // through the kernel that no crash ever needs (a crash rolls the whole

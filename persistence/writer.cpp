@@ -241,6 +241,10 @@ error writer::whole_rollback(const detail::request& r, std::size_t at, std::size
 
 bool writer::begin(std::deque<std::unique_ptr<detail::request>>& batch) {
   try {
+    // A ROLLBACK that failed after an earlier batch left its transaction
+    // open: nothing of it was answered as committed; end it, or every later
+    // BEGIN fails.
+    if (sqlite3_get_autocommit(db_->getHandle()) == 0) db_->exec("ROLLBACK");
     db_->exec("BEGIN IMMEDIATE");
     return true;
   } catch (const std::exception& e) {
@@ -254,7 +258,7 @@ bool writer::begin(std::deque<std::unique_ptr<detail::request>>& batch) {
   }
 }
 
-std::optional<error> writer::run_one(detail::request& r, bool savepoint) {
+std::optional<error> writer::run_one(detail::request& r, bool savepoint, bool& unusable) {
   auto& db = *db_;
   std::optional<error> err;
   try {
@@ -280,9 +284,12 @@ std::optional<error> writer::run_one(detail::request& r, bool savepoint) {
     if (err) exec(rollback_to_);
     exec(release_);
   } catch (const std::exception& e) {
-    // The savepoint machinery itself failed: the transaction is unusable.
-    if (!err)
-      err = error{errc::io, "'" + r.name + "': savepoint release failed: " + sqlite_message(e)};
+    // The savepoint machinery itself failed: what the request wrote may
+    // still be in the transaction, or its savepoint still open.
+    unusable = true;
+    err = error{errc::io, "'" + r.name + "': its savepoint could not be " +
+                              (err ? "rolled back" : "released") + ": " + sqlite_message(e) +
+                              (err ? " (it had failed: " + err->message + ")" : "")};
   }
   return err;
 }
@@ -290,7 +297,9 @@ std::optional<error> writer::run_one(detail::request& r, bool savepoint) {
 bool writer::run_requests(std::deque<std::unique_ptr<detail::request>>& batch, bool savepoints,
                           std::vector<std::optional<error>>& errors, std::optional<error>& lost) {
   for (std::size_t i = 0; i < batch.size(); ++i) {
-    auto err = run_one(*batch[i], savepoints);
+    bool unusable = false;
+    auto changes = sqlite3_total_changes64(db_->getHandle());
+    auto err = run_one(*batch[i], savepoints, unusable);
     // SQLite rolled back the whole transaction inside the request (SQLITE_FULL,
     // IOERR, NOMEM, BUSY): nothing of this batch is written, and the requests
     // after it are not run (a SAVEPOINT would open an autocommit transaction
@@ -299,7 +308,15 @@ bool writer::run_requests(std::deque<std::unique_ptr<detail::request>>& batch, b
       lost = whole_rollback(*batch[i], i, batch.size(), err);
       return true;
     }
-    if (err && !savepoints) return false;  // its writes so far are in the transaction
+    if (unusable) {
+      lost = error{errc::io, err->message + "; nothing of this batch of " +
+                                 std::to_string(batch.size()) + " requests was written"};
+      return true;
+    }
+    // A failed request that changed no row (a refusal before its first
+    // write, or a statement SQLite undid alone) leaves nothing to undo: the
+    // batch goes on. One that did: see run_batch.
+    if (err && !savepoints && sqlite3_total_changes64(db_->getHandle()) != changes) return false;
     errors[i] = std::move(err);
   }
   return true;
@@ -312,11 +329,11 @@ void writer::run_batch(std::deque<std::unique_ptr<detail::request>>& batch) {
   std::optional<error> lost;
   // First without savepoints: a SAVEPOINT and its RELEASE per request cost
   // more than most requests (each page a request writes is first copied to
-  // the savepoint's journal). When one fails, what it wrote before failing
-  // is in the transaction: the whole transaction is rolled back, and the
-  // batch runs again with each request in its own savepoint, which rolls a
-  // failing one back alone. A request may so run twice, the first time
-  // undone (writer::op calls it as const: its captures are the same).
+  // the savepoint's journal). When one fails after changing a row, what it
+  // wrote is in the transaction: the whole transaction is rolled back, and
+  // the batch runs again with each request in its own savepoint, which
+  // rolls a failing one back alone. A request may so run twice, the first
+  // time undone (writer::op calls it as const: its captures are the same).
   if (!run_requests(batch, false, errors, lost)) {
     bool rolled_back = false;
     try {

@@ -3,10 +3,12 @@
 // thread. Requests are named write operations. The receive loop takes the first
 // request, drains more up to a count and a byte bound, and runs them in one
 // BEGIN IMMEDIATE transaction. A failing request rolls back alone and gets its
-// own error: the batch runs first without savepoints, and if a request fails,
-// the transaction is rolled back and the batch runs again with each request
-// inside its own SAVEPOINT (so a request may run twice, the first run undone;
-// it is called as const and must change nothing but the database). Only after COMMIT returns is any
+// own error: the batch runs first without savepoints; a request that fails
+// having changed no row is simply answered with its error, and if one fails
+// after changing rows, the transaction is rolled back and the batch runs
+// again with each request inside its own SAVEPOINT (so a request may run
+// twice, the first run undone; it is called as const and must change nothing
+// but the database). Only after COMMIT returns is any
 // requester answered; if COMMIT fails, every requester of the batch gets that
 // error; if SQLite rolls the whole transaction back inside a request (a full
 // disk, an I/O error, no memory), the batch ends there and every requester gets
@@ -92,7 +94,7 @@ struct writer_stats {
   std::uint64_t transactions = 0;  // COMMITs attempted
   std::uint64_t requests = 0;
   std::uint64_t failed_commits = 0;
-  std::uint64_t batches_rerun = 0;       // a request failed: run again, each in a savepoint
+  std::uint64_t batches_rerun = 0;       // a request failed after writing: run again, in savepoints
   std::uint64_t checkpoints = 0;         // PASSIVE checkpoints the checkpointer ran
   std::uint64_t writer_checkpoints = 0;  // catch-ups the writer ran between transactions
   int wal_frames = 0;                    // frames in the WAL after the last commit
@@ -183,11 +185,12 @@ class writer {
   // BEGIN IMMEDIATE; if it fails, every request of the batch is failed.
   bool begin(std::deque<std::unique_ptr<detail::request>>& batch);
   // One request, in a savepoint of its own or not; its error, if any.
-  std::optional<error> run_one(detail::request& r, bool savepoint);
+  // `unusable`: its savepoint could not be rolled back or released.
+  std::optional<error> run_one(detail::request& r, bool savepoint, bool& unusable);
   // Runs the batch's requests in the open transaction. Without savepoints,
-  // stops at the first that fails and returns false (its writes so far are
-  // in the transaction); sets `lost` if SQLite rolled the whole transaction
-  // back.
+  // stops at the first that fails after changing a row and returns false
+  // (its writes so far are in the transaction); sets `lost` if SQLite rolled
+  // the whole transaction back or a savepoint could not be undone.
   bool run_requests(std::deque<std::unique_ptr<detail::request>>& batch, bool savepoints,
                     std::vector<std::optional<error>>& errors, std::optional<error>& lost);
   static int commit_hook(void* self);
