@@ -3,7 +3,9 @@
 //
 // Idle actors hold no coroutine frame: a tell into an empty mailbox posts one
 // turn onto the executor; the turn drains what is queued (a bounded batch, so a
-// busy actor cannot starve its neighbours) and ends. Handlers are either plain
+// busy actor cannot starve its neighbours) and ends (a turn of coroutine
+// handlers that answered an ask without suspending first waits one round of
+// the executor for the asker's next message: see drain_async). Handlers are either plain
 // functions (`void handle(Msg&)`) or coroutines (`awaitable<void> handle(Msg&)`);
 // a coroutine handler runs to completion before the next message is taken, so
 // an actor's state is never touched by two handlers at once.
@@ -107,6 +109,16 @@ void fail_reply(Msg& m, const error& e) {
     std::visit(one, m);
   else
     one(m);
+}
+
+/// Whether a message is an ask (has a reply).
+template <class Msg>
+bool is_ask(const Msg& m) {
+  auto one = [](const auto& alt) { return askable<std::remove_cvref_t<decltype(alt)>>; };
+  if constexpr (requires { std::visit(one, m); })
+    return std::visit(one, m);
+  else
+    return one(m);
 }
 
 std::string describe(std::exception_ptr e);
@@ -258,6 +270,12 @@ class actor : public std::enable_shared_from_this<Derived> {
     return false;
   }
 
+  // Whether a message waits (or a stop): take() would find something to do.
+  bool queued() {
+    std::lock_guard lk(m_);
+    return closing_ || head_ < queue_.size();
+  }
+
   // Everything still queued. REQUIRES: m_ held.
   std::vector<Msg> take_rest_locked() {
     std::vector<Msg> rest;
@@ -321,8 +339,34 @@ class actor : public std::enable_shared_from_this<Derived> {
   awaitable<void> drain_async(std::shared_ptr<Derived> self) {
     std::vector<Msg> batch;
     std::size_t budget = opts_.turn_budget;
-    while (budget > 0 && take(batch, budget)) {
+    bool answered = false;  // the last batch held an ask
+    for (bool yielded = false; budget > 0; yielded = false) {
+      // The last batch answered an ask, the queue is empty and no handler
+      // since the turn began (or since the last such round) suspended: one
+      // round of the executor before the turn ends. The reply posted its
+      // asker's resumption; if the asker asks again meanwhile, this turn takes
+      // it instead of a new turn being spawned. It costs no post: a turn that
+      // was never suspended ends with one anyway (co_spawn posts before
+      // completing a coroutine that never suspended); Asio 1.26's flag of its
+      // awaitable threads says whether one was. Only after an ask: frames
+      // kept over a round by every actor told at once would raise the heap
+      // that idle actors leave.
+      asio::detail::awaitable_thread_has_context_switched flag;  // a named local (COROUTINES.md)
+      if (answered && !queued()) {
+        bool& suspended = co_await flag;
+        if (!suspended) {
+          co_await asio::post(ex_, asio::use_awaitable);
+          yielded = true;
+        }
+      }
+      if (!take(batch, budget)) break;
+      if (yielded) {
+        bool& suspended = co_await flag;
+        suspended = false;  // as co_spawn set it at the start: the next round may yield too
+      }
+      answered = false;
       for (std::size_t i = 0; i < batch.size(); ++i) {
+        answered = answered || detail::is_ask(batch[i]);
         std::exception_ptr ep;
         try {
           co_await self->handle(batch[i]);

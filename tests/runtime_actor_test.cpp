@@ -235,6 +235,30 @@ TEST_CASE("stop finishes the running handler and fails every queued ask") {
   run_to_completion(io, body(c));
 }
 
+TEST_CASE(
+    "asks made one after the other on the actor's executor are answered in order, and a stop "
+    "right after an answer ends the actor") {
+  // A coroutine-handler actor whose turn answered an ask stays for one more
+  // round of the executor (the asker's next ask is taken in the same turn):
+  // what is told meanwhile is taken in order, and a stop meanwhile ends it.
+  asio::io_context io;
+  auto c = std::make_shared<counter>(io.get_executor(), actor_options{"ping-pong"});
+  auto body = [](std::shared_ptr<counter> c) -> awaitable<void> {
+    for (int i = 1; i <= 1000; ++i) {
+      REQUIRE(c->tell(add{1}));
+      auto r = co_await ask_get(c);
+      REQUIRE(r);
+      REQUIRE(*r == i);
+    }
+    co_await c->stop();
+    CHECK(c->stopped());
+    auto r = co_await ask_get(c);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == errc::closed);
+  };
+  run_to_completion(io, body(c));
+}
+
 TEST_CASE("an ask to a stopped actor fails at once with closed") {
   asio::io_context io;
   auto c = std::make_shared<counter>(io.get_executor(), actor_options{"gone"});
