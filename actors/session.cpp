@@ -545,12 +545,8 @@ awaitable<void> session::handle(session_message& m) {
         co_return;
       }
       auto seq = begun->seq;
-      if (phase_ == phase::idle && !stopping_) {
-        pending_ = scope;
-        start_busy_period(std::move(*begun));
-      } else {
-        this->ring(scope);  // not reached (see above); the running period drains it
-      }
+      pending_ = scope;
+      start_busy_period(std::move(*begun));
       in->reply.send(seq);
       co_return;
     }

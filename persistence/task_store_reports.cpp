@@ -499,20 +499,16 @@ namespace {
 // append_in_tx): the row is read back.
 result<task_store::busy_start> begin_busy_in_tx(SQLite::Database& db, const std::string& s,
                                                 bool append) {
-  auto& st = cached_statement(db, append ? "UPDATE sessions SET seq = seq + 1, status = 'busy', "
-                                           "turn = CASE WHEN time_suspended IS NULL OR turn IS "
-                                           "NULL THEN ? ELSE turn END, "
-                                           "time_suspended = coalesce(time_suspended, ?) "
-                                           "WHERE id = ?"
-                                         : "UPDATE sessions SET status = 'busy', "
-                                           "turn = CASE WHEN time_suspended IS NULL OR turn IS "
-                                           "NULL THEN ? ELSE turn END, "
-                                           "time_suspended = coalesce(time_suspended, ?) "
-                                           "WHERE id = ?");
+  auto& st = cached_statement(db,
+                              "UPDATE sessions SET seq = seq + ?, status = 'busy', "
+                              "turn = CASE WHEN time_suspended IS NULL OR turn IS NULL "
+                              "THEN ? ELSE turn END, "
+                              "time_suspended = coalesce(time_suspended, ?) WHERE id = ?");
   auto fresh_turn = protocol::mint("turn");
-  st.bind(1, fresh_turn);
-  st.bind(2, now_ms());
-  st.bind(3, s);
+  st.bind(1, append ? 1 : 0);
+  st.bind(2, fresh_turn);
+  st.bind(3, now_ms());
+  st.bind(4, s);
   if (st.exec() != 1) return error{errc::not_found, "session '" + s + "' does not exist"};
   auto& read = cached_statement(db, "SELECT seq, input_cursor, turn FROM sessions WHERE id = ?");
   read.bind(1, s);
