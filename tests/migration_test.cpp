@@ -28,6 +28,7 @@
 #include "fault_support.hpp"
 #include "jobs_story_support.hpp"
 #include "sandbox_support.hpp"
+#include "tether/persistence/schema.hpp"
 #include "tether/persistence/task_store.hpp"
 
 using namespace tether;
@@ -372,4 +373,71 @@ TEST_CASE("tether inspect lists a local shell an earlier build left as a task of
   REQUIRE(WEXITSTATUS(st) == 0);
   CHECK_THAT(out, Catch::Contains("local_shell lost"));
   CHECK_THAT(out, Catch::Contains("(history: a kind this build no longer runs)"));
+}
+
+TEST_CASE(
+    "a transcript kept WITHOUT ROWID (schema 13) is migrated to a rowid table whole, in order, "
+    "with its key and its cascade",
+    "[migration]") {
+  test::scratch_dir root("migration-messages-rowid");
+  auto path = root.file("tether.db");
+  const auto& steps = persistence::migrations();
+  REQUIRE(steps.size() >= 14);
+  {
+    // A file as the build before step 14 left it: two sessions whose
+    // messages were written interleaved, as sessions that run at once write.
+    SQLite::Database db(path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+    for (std::size_t v = 0; v < 13; ++v) db.exec(steps[v]);
+    db.exec("PRAGMA application_id = " + std::to_string(persistence::k_application_id));
+    db.exec("PRAGMA user_version = 13");
+    REQUIRE_THAT(db.execAndGet("SELECT sql FROM sqlite_master WHERE name = 'messages'").getString(),
+                 Catch::Contains("WITHOUT ROWID"));
+    db.exec("INSERT INTO sessions (id, seq, created_at) VALUES ('ses_a', 3, 1), ('ses_b', 3, 1)");
+    for (int seq = 1; seq <= 3; ++seq)
+      for (auto s : {"ses_a", "ses_b"}) {
+        SQLite::Statement ins(db,
+                              "INSERT INTO messages (session_id, seq, role, kind, status, payload) "
+                              "VALUES (?, ?, 'user', 'prompt', 'completed', ?)");
+        ins.bind(1, s);
+        ins.bind(2, seq);
+        ins.bind(3, std::string("{\"text\":\"") + s + " " + std::to_string(seq) + "\"}");
+        ins.exec();
+      }
+  }
+  {
+    auto w = persistence::writer::open(persistence::db_options{path});
+    REQUIRE(w);
+  }
+  SQLite::Database db(path, SQLite::OPEN_READWRITE);
+  db.exec("PRAGMA foreign_keys = ON");
+  CHECK(db.execAndGet("PRAGMA user_version").getInt() == persistence::latest_schema_version());
+  auto sql = db.execAndGet("SELECT sql FROM sqlite_master WHERE name = 'messages'").getString();
+  CHECK(sql.find("WITHOUT ROWID") == std::string::npos);
+  CHECK_THAT(sql, Catch::Contains("PRIMARY KEY (session_id, seq)"));
+  CHECK(
+      db.execAndGet("SELECT count(*) FROM sqlite_master WHERE name LIKE 'messages_v%'").getInt() ==
+      0);
+  // Every message, each session's in seq order, its payload as written.
+  std::vector<std::string> rows;
+  SQLite::Statement q(db,
+                      "SELECT session_id || '/' || seq || ' ' || payload FROM messages "
+                      "WHERE session_id = ? ORDER BY seq");
+  for (auto s : {"ses_a", "ses_b"}) {
+    q.bind(1, s);
+    while (q.executeStep()) rows.push_back(q.getColumn(0).getString());
+    q.reset();
+  }
+  CHECK(rows == std::vector<std::string>{
+                    "ses_a/1 {\"text\":\"ses_a 1\"}", "ses_a/2 {\"text\":\"ses_a 2\"}",
+                    "ses_a/3 {\"text\":\"ses_a 3\"}", "ses_b/1 {\"text\":\"ses_b 1\"}",
+                    "ses_b/2 {\"text\":\"ses_b 2\"}", "ses_b/3 {\"text\":\"ses_b 3\"}"});
+  // The key still refuses a second message at a seq; the cascade still
+  // takes a deleted session's transcript.
+  CHECK_THROWS_AS(db.exec("INSERT INTO messages (session_id, seq, role, kind, status, payload) "
+                          "VALUES ('ses_a', 2, 'user', 'prompt', 'completed', '{}')"),
+                  SQLite::Exception);
+  CHECK(db.exec("DELETE FROM sessions WHERE id = 'ses_b'") == 1);
+  CHECK(db.execAndGet("SELECT count(*) FROM messages WHERE session_id = 'ses_b'").getInt() == 0);
+  CHECK(db.execAndGet("SELECT count(*) FROM messages").getInt() == 3);
+  CHECK(db.execAndGet("PRAGMA integrity_check").getString() == "ok");
 }
