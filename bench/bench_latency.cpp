@@ -58,7 +58,9 @@
 // prompt_to_admit: from just before a prompt to the inbox row's admitted_at
 // (wall ms). cpu_us_per_report: the process CPU time over a phase (pacer
 // included) per report of that phase. The writer's transactions and
-// requests per transaction over each phase show the group commits' size.
+// requests per transaction over each phase show the group commits' size;
+// wal_frames_per_report, the pages its commits wrote and synced per report
+// (each a WAL frame: what a commit costs beyond its sync).
 //
 // Checks: the parent's inbox holds each (child, busy period) that ran exactly
 // once, acknowledged and once in its transcript; the admitted hook fired once
@@ -413,6 +415,7 @@ persistence::writer_stats stats_since(const persistence::writer_stats& a,
   d.transactions = b.transactions - a.transactions;
   d.requests = b.requests - a.requests;
   d.failed_commits = b.failed_commits - a.failed_commits;
+  d.frames_written = b.frames_written - a.frames_written;
   return d;
 }
 
@@ -701,6 +704,10 @@ void emit_phase(const std::string& f, phase_figures& p) {
               static_cast<double>(p.stats.requests) /
                   static_cast<double>(std::max<std::size_t>(1, p.periods)),
               "requests/report");
+  bench::emit(k_bench, f + "_wal_frames_per_report",
+              static_cast<double>(p.stats.frames_written) /
+                  static_cast<double>(std::max<std::size_t>(1, p.periods)),
+              "pages/report");
 }
 
 }  // namespace

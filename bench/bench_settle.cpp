@@ -371,6 +371,7 @@ outcome run(const std::string& dir, const std::string& tag, const shape& s) {
   auto after_stats = host.store().db_writer().stats();
   o.stats.transactions = after_stats.transactions - before.transactions;
   o.stats.requests = after_stats.requests - before.requests;
+  o.stats.frames_written = after_stats.frames_written - before.frames_written;
   o.stats.failed_commits = after_stats.failed_commits - before.failed_commits;
   host.shutdown();
   h->reset();
@@ -418,6 +419,10 @@ void emit_run(const std::string& f, const shape& s, outcome& o) {
               static_cast<double>(o.stats.requests) /
                   static_cast<double>(std::max<std::uint64_t>(1, o.stats.transactions)),
               "requests/transaction");
+  bench::emit(k_bench, f + "_wal_frames_per_report",
+              static_cast<double>(o.stats.frames_written) /
+                  static_cast<double>(std::max<std::size_t>(1, o.reports)),
+              "pages/report");
   bench::emit(k_bench, f + "_ok", o.ok ? 1 : 0, "bool");
 }
 

@@ -99,7 +99,12 @@ int writer::wal_hook(void* self, sqlite3* db, const char* name, int frames) {
   bool catch_up = false;
   {
     std::lock_guard lk(w->m_);
-    if (frames < w->stats_.wal_frames) w->wal_copied_ = 0;  // the WAL restarted
+    if (frames < w->stats_.wal_frames) {  // the WAL restarted
+      w->wal_copied_ = 0;
+      w->stats_.frames_written += static_cast<std::uint64_t>(frames);
+    } else {
+      w->stats_.frames_written += static_cast<std::uint64_t>(frames - w->stats_.wal_frames);
+    }
     w->stats_.wal_frames = frames;
     auto phase = w->checkpoint_;
     int left = frames - w->wal_copied_;

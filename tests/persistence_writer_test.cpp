@@ -741,6 +741,32 @@ TEST_CASE(
   CHECK(count_rows(path) == k);
 }
 
+TEST_CASE("the writer counts the WAL frames its commits wrote, across restarts of the WAL") {
+  test::scratch_dir dir("walframes");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path, k_checkpoint_frames);
+  create_table(*w);
+  w->hold_checkpoints(true);  // the writer's own catch-ups restart the WAL
+  int restarts = 0;
+  for (int k = 0; k < 10 * k_checkpoint_frames; ++k) {
+    auto before = w->stats();
+    commit_big_row(*w, k);
+    auto after = w->stats();
+    if (after.wal_frames < before.wal_frames) ++restarts;
+    // A row of a page of its own: one new leaf, and at most its parent
+    // interior pages and the header page besides.
+    auto wrote = after.frames_written - before.frames_written;
+    INFO("commit " << k << ": WAL frames " << before.wal_frames << " -> " << after.wal_frames);
+    CHECK(wrote >= 1);
+    CHECK(wrote <= 5);
+    if (after.wal_frames >= before.wal_frames)
+      CHECK(wrote == static_cast<std::uint64_t>(after.wal_frames - before.wal_frames));
+    else
+      CHECK(wrote == static_cast<std::uint64_t>(after.wal_frames));
+  }
+  CHECK(restarts >= 5);
+}
+
 TEST_CASE("under commits with no pause the WAL stays bounded: the writer copies the rest itself") {
   test::scratch_dir dir("walbound");
   auto path = dir.file("t.db");
