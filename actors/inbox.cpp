@@ -57,14 +57,10 @@ awaitable<void> inbox::handle(inbox_message& m) {
     };
     finish_after_commit(std::move(write), std::move(a->reply), std::move(committed));
   } else if (auto* sa = std::get_if<inbox_msg::settle_admit>(&m)) {
-    // As an admit; the asker fires the observer's hooks, its settled first.
-    auto write =
-        host_.store().settle_admit_submit(owner_, std::move(sa->settle), std::move(sa->report));
-    auto committed = [](inbox& self, const persistence::settle_admit_result& out) {
-      if (out.admitted != persistence::admit_outcome::added) return;
-      if (auto s = self.session_.lock()) (void)s->tell(session_msg::admitted{false});
-    };
-    finish_after_commit(std::move(write), std::move(sa->reply), std::move(committed));
+    // Queued in arrival order, as an admit; the asker waits for the commit,
+    // tells the session, and fires the observer's hooks, its settled first.
+    sa->reply.send(
+        host_.store().settle_admit_submit(owner_, std::move(sa->settle), std::move(sa->report)));
   } else if (auto* h = std::get_if<inbox_msg::hand_over>(&m)) {
     auto s = session_.lock();
     session_msg::wake w{h->scope, true, true, h->admitted_here};

@@ -14,7 +14,9 @@
 // admit's asker is answered. Whatever the asker does next (a job leaving the
 // live set, a wake) therefore reaches the session's mailbox after it, and a
 // turn that withholds its completion for its jobs sees their receipts before
-// it can settle.
+// it can settle. A settle_admit's asker is answered with the queued write
+// and tells the session itself, after the commit and before anything else
+// it does.
 //
 // Threads: pinned to its session's executor. Its state is the session it
 // serves (a weak reference, told once by `attach`); it reads no other actor's
@@ -51,12 +53,18 @@ struct admit {
 /// A child's settle folded with the admit of the report it writes (its
 /// session's busy period ending): one transaction marks the child idle,
 /// writes its report's task row and terminal receipt (acknowledged), and
-/// admits the report here. The asker (the child's session) wakes this
-/// session afterwards, as after an admit.
+/// admits the report here. The reply is the queued write itself, sent as
+/// soon as it is queued: the asker (the child's session) waits for its
+/// commit on its own executor, then tells this session what was admitted
+/// (`session_msg::admitted`) before anything else, and wakes it afterwards,
+/// as after an admit. One executor hop fewer after the commit than an
+/// answer relayed through this actor.
+using settle_admit_write =
+    std::shared_ptr<runtime::one_shot<result<persistence::settle_admit_result>>>;
 struct settle_admit {
   persistence::settle_request settle;
   protocol::notification_id report;  // the report's id (promised, or minted)
-  runtime::reply_to<persistence::settle_admit_result> reply;
+  runtime::reply_to<settle_admit_write> reply;
 };
 /// Steers the running turn (`steer`) or wakes the idle session with a prompt
 /// (`input`) to read what was admitted. The host counted it as activity; the

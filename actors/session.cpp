@@ -1094,17 +1094,27 @@ awaitable<bool> session::settle_into_parent(job_binding* job,
   persistence::settle_admit_result done;
   for (int attempt = 0;; ++attempt) {
     inbox_msg::settle_admit ask{req, nid, {}};
-    auto r = co_await (*parent)->inbox()->ask(std::move(ask));
-    if (r) {
-      done = std::move(*r);
-      break;
+    auto queued = co_await (*parent)->inbox()->ask(std::move(ask));
+    error failed;
+    if (queued) {
+      // Waited for here, on this session's executor: the commit resumes
+      // this coroutine directly.
+      auto write = std::move(*queued);
+      auto r = co_await write->async_wait(asio::use_awaitable);
+      if (r) {
+        done = std::move(*r);
+        break;
+      }
+      failed = std::move(r.error());
+    } else {
+      failed = std::move(queued.error());
     }
     // The inbox stopped or was closed before it wrote anything (its host
-    // shutting down, or its mailbox ended): the plain settle.
-    if (r.error().code == errc::stopped || r.error().code == errc::closed || stopping_)
-      co_return false;
+    // shutting down, or its mailbox ended), or the writer was stopped: the
+    // plain settle.
+    if (failed.code == errc::stopped || failed.code == errc::closed || stopping_) co_return false;
     // Idempotent, as the plain settle is: retried while the host runs.
-    host_.warn("session " + id().str() + ": settle did not commit: " + r.error().message +
+    host_.warn("session " + id().str() + ": settle did not commit: " + failed.message +
                "; the busy period stays open and the settle is retried");
     co_await pause_before_retry(attempt);
     if (stopping_) co_return false;
@@ -1112,8 +1122,10 @@ awaitable<bool> session::settle_into_parent(job_binding* job,
   // Both points of the plain path fall after this one commit: the child is
   // idle, the report in the parent's inbox with its receipt acknowledged,
   // and the parent not yet woken.
-  if (done.settled.row_written) TETHER_CRASH_POINT("report.settle.after_commit");
   bool added = done.admitted == persistence::admit_outcome::added;
+  // The parent's session learns of the admit first (actors/inbox.hpp, Order).
+  if (added) (void)(*parent)->tell(session_msg::admitted{false});
+  if (done.settled.row_written) TETHER_CRASH_POINT("report.settle.after_commit");
   if (added) TETHER_CRASH_POINT("report.admit.after_commit");
   if (auto* o = host_.observer()) {
     o->settled(id(), done.settled.row_written ? std::optional(nid) : std::nullopt);
