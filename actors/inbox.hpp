@@ -7,8 +7,10 @@
 // repeat of an id already admitted is dropped there, so at-least-once
 // delivery is seen once. A child's settle that owes this session a report
 // comes here too (`settle_admit`): the settle and the admit are one writer
-// request, so the report never waits in the outbox. It then tells its session what was admitted,
-// and, when the delivery path asks it to, steers the running turn or wakes the idle session.
+// request, so the report never waits in the outbox. After an admit's commit
+// it tells its session what was admitted (after a settle_admit's, the child
+// does), and, when the delivery path asks it to, steers the running turn or
+// wakes the idle session.
 //
 // Order: the session learns of an admit (`session_msg::admitted`) before the
 // admit's asker is answered. Whatever the asker does next (a job leaving the

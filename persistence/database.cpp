@@ -286,12 +286,39 @@ result<void> check_identity(SQLite::Database& db, const std::string& path) {
   return {};
 }
 
+// What a step copies under the foreign keys its new table declares, checked
+// before it runs, so that a row the keys refuse (written with the keys off,
+// by another tool) is refused by name instead of failing the step with
+// SQLite's bare "FOREIGN KEY constraint failed".
+result<void> check_before_step(SQLite::Database& db, int step) {
+  if (step != 14) return {};  // step 14 copies the transcript into a new table
+  SQLite::Statement q(db,
+                      "SELECT m.session_id || '/' || m.seq FROM messages m "
+                      "WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = m.session_id) "
+                      "LIMIT 1");
+  if (q.executeStep())
+    return corrupt_row("messages", q.getColumn(0).getString(),
+                       "session_id: no such session (schema step 14 copies every message "
+                       "under its session's key; the file was left at step 13)");
+  return {};
+}
+
 result<void> migrate(SQLite::Database& db) {
   int ver = db.execAndGet("PRAGMA user_version").getInt();
   const auto& steps = migrations();
   if (ver == static_cast<int>(steps.size())) return {};
   SQLite::Transaction tx(db, SQLite::TransactionBehavior::IMMEDIATE);
-  for (int v = ver; v < static_cast<int>(steps.size()); ++v) db.exec(steps[v]);
+  for (int v = ver; v < static_cast<int>(steps.size()); ++v) {
+    if (auto r = check_before_step(db, v + 1); !r) return r.error();  // rolled back whole
+    try {
+      db.exec(steps[v]);
+    } catch (const std::exception& e) {
+      return error{errc::io, "schema step " + std::to_string(v + 1) +
+                                 " failed: " + sqlite_message(e) +
+                                 "; the migration was rolled back and the file left at step " +
+                                 std::to_string(ver)};
+    }
+  }
   db.exec("PRAGMA application_id = " + std::to_string(k_application_id));
   db.exec("PRAGMA user_version = " + std::to_string(steps.size()));
   tx.commit();
@@ -393,6 +420,11 @@ result<std::unique_ptr<SQLite::Database>> open_new_or_existing(const db_options&
     // default 2 MiB page cache and each commit re-read its index pages from
     // the kernel. Up to 32 MiB per connection, taken only as the file grows.
     db->exec("PRAGMA cache_size = -32768");
+    // The WAL file keeps the size of its largest transaction (a migration
+    // that copies a table, a batch of many requests) until the host closes,
+    // unless it is cut back when it restarts: to 64 MiB, far above what the
+    // checkpointer lets it reach between restarts (persistence/writer.cpp).
+    db->exec("PRAGMA journal_size_limit = 67108864");
     if (auto r = migrate(*db); !r) return r.error();
     seed_mint_floor(*db);
     return db;

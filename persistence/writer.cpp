@@ -99,12 +99,7 @@ int writer::wal_hook(void* self, sqlite3* db, const char* name, int frames) {
   bool catch_up = false;
   {
     std::lock_guard lk(w->m_);
-    if (frames < w->stats_.wal_frames) {  // the WAL restarted
-      w->wal_copied_ = 0;
-      w->stats_.frames_written += static_cast<std::uint64_t>(frames);
-    } else {
-      w->stats_.frames_written += static_cast<std::uint64_t>(frames - w->stats_.wal_frames);
-    }
+    if (frames < w->stats_.wal_frames) w->wal_copied_ = 0;  // the WAL restarted
     w->stats_.wal_frames = frames;
     auto phase = w->checkpoint_;
     int left = frames - w->wal_copied_;
@@ -377,10 +372,15 @@ void writer::run_batch(std::deque<std::unique_ptr<detail::request>>& batch) {
     } catch (...) {
     }
   }
+  // The pages this batch wrote to the WAL (SQLite's count of the frames its
+  // pager appended, read and reset here, once per batch).
+  int written = 0, most = 0;
+  sqlite3_db_status(db.getHandle(), SQLITE_DBSTATUS_CACHE_WRITE, &written, &most, 1);
   {
     std::lock_guard lk(m_);
     stats_.transactions++;
     stats_.requests += batch.size();
+    stats_.frames_written += static_cast<std::uint64_t>(std::max(written, 0));
     if (commit_err) stats_.failed_commits++;
   }
   for (std::size_t i = 0; i < batch.size(); ++i) {

@@ -98,9 +98,8 @@ struct writer_stats {
   std::uint64_t checkpoints = 0;         // PASSIVE checkpoints the checkpointer ran
   std::uint64_t writer_checkpoints = 0;  // catch-ups the writer ran between transactions
   int wal_frames = 0;                    // frames in the WAL after the last commit
-  // Frames (pages) the commits appended to the WAL: what each commit wrote
-  // and synced. Counted through the WAL hook, so 0 for a database with no
-  // checkpointer (in memory, or checkpoint_frames 0).
+  // Frames (pages) the batches appended to the WAL: what each commit wrote
+  // and synced (SQLite's SQLITE_DBSTATUS_CACHE_WRITE, per batch).
   std::uint64_t frames_written = 0;
 };
 

@@ -375,24 +375,34 @@ TEST_CASE("tether inspect lists a local shell an earlier build left as a task of
   CHECK_THAT(out, Catch::Contains("(history: a kind this build no longer runs)"));
 }
 
+namespace {
+
+// A file as the build before step 14 left it (schema 13, the transcript
+// WITHOUT ROWID), with two sessions.
+void make_schema_13(const std::string& path) {
+  const auto& steps = persistence::migrations();
+  REQUIRE(steps.size() >= 14);
+  SQLite::Database db(path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+  for (std::size_t v = 0; v < 13; ++v) db.exec(steps[v]);
+  db.exec("PRAGMA application_id = " + std::to_string(persistence::k_application_id));
+  db.exec("PRAGMA user_version = 13");
+  REQUIRE_THAT(db.execAndGet("SELECT sql FROM sqlite_master WHERE name = 'messages'").getString(),
+               Catch::Contains("WITHOUT ROWID"));
+  db.exec("INSERT INTO sessions (id, seq, created_at) VALUES ('ses_a', 3, 1), ('ses_b', 3, 1)");
+}
+
+}  // namespace
+
 TEST_CASE(
     "a transcript kept WITHOUT ROWID (schema 13) is migrated to a rowid table whole, in order, "
     "with its key and its cascade",
     "[migration]") {
   test::scratch_dir root("migration-messages-rowid");
   auto path = root.file("tether.db");
-  const auto& steps = persistence::migrations();
-  REQUIRE(steps.size() >= 14);
+  make_schema_13(path);
   {
-    // A file as the build before step 14 left it: two sessions whose
-    // messages were written interleaved, as sessions that run at once write.
-    SQLite::Database db(path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
-    for (std::size_t v = 0; v < 13; ++v) db.exec(steps[v]);
-    db.exec("PRAGMA application_id = " + std::to_string(persistence::k_application_id));
-    db.exec("PRAGMA user_version = 13");
-    REQUIRE_THAT(db.execAndGet("SELECT sql FROM sqlite_master WHERE name = 'messages'").getString(),
-                 Catch::Contains("WITHOUT ROWID"));
-    db.exec("INSERT INTO sessions (id, seq, created_at) VALUES ('ses_a', 3, 1), ('ses_b', 3, 1)");
+    // Messages written interleaved, as sessions that run at once write them.
+    SQLite::Database db(path, SQLite::OPEN_READWRITE);
     for (int seq = 1; seq <= 3; ++seq)
       for (auto s : {"ses_a", "ses_b"}) {
         SQLite::Statement ins(db,
@@ -440,4 +450,34 @@ TEST_CASE(
   CHECK(db.execAndGet("SELECT count(*) FROM messages WHERE session_id = 'ses_b'").getInt() == 0);
   CHECK(db.execAndGet("SELECT count(*) FROM messages").getInt() == 3);
   CHECK(db.execAndGet("PRAGMA integrity_check").getString() == "ok");
+}
+
+TEST_CASE(
+    "a schema-13 message whose session is gone (written with the foreign keys off) is refused by "
+    "name, and the file is left at step 13 with the message",
+    "[migration]") {
+  test::scratch_dir root("migration-messages-orphan");
+  auto path = root.file("tether.db");
+  make_schema_13(path);
+  {
+    SQLite::Database db(path, SQLite::OPEN_READWRITE);  // foreign keys off, as another tool's
+    db.exec(
+        "INSERT INTO messages (session_id, seq, role, kind, status, payload) VALUES "
+        "('ses_a', 1, 'user', 'prompt', 'completed', '{\"text\":\"kept\"}'), "
+        "('ses_gone', 4, 'user', 'prompt', 'completed', '{\"text\":\"orphan\"}')");
+  }
+  auto w = persistence::writer::open(persistence::db_options{path});
+  REQUIRE_FALSE(w);
+  CHECK(w.error().code == errc::corrupt);
+  CHECK_THAT(w.error().message, Catch::Contains("table 'messages' key 'ses_gone/4'"));
+  CHECK_THAT(w.error().message, Catch::Contains("no such session"));
+  CHECK_THAT(w.error().message, Catch::Contains("left at step 13"));
+  SQLite::Database db(path, SQLite::OPEN_READONLY);
+  CHECK(db.execAndGet("PRAGMA user_version").getInt() == 13);
+  CHECK_THAT(db.execAndGet("SELECT sql FROM sqlite_master WHERE name = 'messages'").getString(),
+             Catch::Contains("WITHOUT ROWID"));
+  CHECK(db.execAndGet("SELECT count(*) FROM messages").getInt() == 2);
+  CHECK(
+      db.execAndGet("SELECT count(*) FROM sqlite_master WHERE name LIKE 'messages_v%'").getInt() ==
+      0);
 }

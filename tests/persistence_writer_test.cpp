@@ -188,8 +188,8 @@ TEST_CASE("a database of a newer schema is refused and left untouched") {
 }
 
 TEST_CASE(
-    "a tether database reopens at the latest schema with WAL, FULL sync, foreign keys and "
-    "in-memory sub-journals") {
+    "a tether database reopens at the latest schema with WAL, FULL sync, foreign keys, "
+    "in-memory sub-journals and a bounded WAL file") {
   test::scratch_dir dir("pragmas");
   auto path = dir.file("t.db");
   { open_writer(path); }
@@ -199,12 +199,14 @@ TEST_CASE(
            db.execAndGet("PRAGMA synchronous").getString() + "/" +
            db.execAndGet("PRAGMA foreign_keys").getString() + "/" +
            db.execAndGet("PRAGMA temp_store").getString() + "/" +
-           db.execAndGet("PRAGMA cache_size").getString();
+           db.execAndGet("PRAGMA cache_size").getString() + "/" +
+           db.execAndGet("PRAGMA journal_size_limit").getString();
   });
   auto r = test::run(st->async_wait(asio::use_awaitable));
   REQUIRE(r);
   // temp_store 2 (memory): a savepoint's sub-journal is not a file.
-  CHECK(*r == "wal/2/1/2/-32768");
+  // journal_size_limit: the WAL file is cut back to 64 MiB when it restarts.
+  CHECK(*r == "wal/2/1/2/-32768/67108864");
   SQLite::Database ro(path, SQLite::OPEN_READONLY);
   CHECK(ro.execAndGet("PRAGMA user_version").getInt() == latest_schema_version());
   CHECK(ro.execAndGet("PRAGMA application_id").getInt() == k_application_id);
