@@ -290,7 +290,7 @@ result<void> check_identity(SQLite::Database& db, const std::string& path) {
 // before it runs, so that a row the keys refuse (written with the keys off,
 // by another tool) is refused by name instead of failing the step with
 // SQLite's bare "FOREIGN KEY constraint failed".
-result<void> check_before_step(SQLite::Database& db, int step) {
+result<void> check_before_step(SQLite::Database& db, int step, int from) {
   if (step != 14) return {};  // step 14 copies the transcript into a new table
   SQLite::Statement q(db,
                       "SELECT m.session_id || '/' || m.seq FROM messages m "
@@ -299,7 +299,8 @@ result<void> check_before_step(SQLite::Database& db, int step) {
   if (q.executeStep())
     return corrupt_row("messages", q.getColumn(0).getString(),
                        "session_id: no such session (schema step 14 copies every message "
-                       "under its session's key; the file was left at step 13)");
+                       "under its session's key; the file was left at step " +
+                           std::to_string(from) + ")");
   return {};
 }
 
@@ -309,7 +310,7 @@ result<void> migrate(SQLite::Database& db) {
   if (ver == static_cast<int>(steps.size())) return {};
   SQLite::Transaction tx(db, SQLite::TransactionBehavior::IMMEDIATE);
   for (int v = ver; v < static_cast<int>(steps.size()); ++v) {
-    if (auto r = check_before_step(db, v + 1); !r) return r.error();  // rolled back whole
+    if (auto r = check_before_step(db, v + 1, ver); !r) return r.error();  // rolled back whole
     try {
       db.exec(steps[v]);
     } catch (const std::exception& e) {
