@@ -286,31 +286,20 @@ result<void> check_identity(SQLite::Database& db, const std::string& path) {
   return {};
 }
 
-// What a step copies under the foreign keys its new table declares, checked
-// before it runs, so that a row the keys refuse (written with the keys off,
-// by another tool) is refused by name instead of failing the step with
-// SQLite's bare "FOREIGN KEY constraint failed".
-result<void> check_before_step(SQLite::Database& db, int step, int from) {
-  if (step != 14) return {};  // step 14 copies the transcript into a new table
-  SQLite::Statement q(db,
-                      "SELECT m.session_id || '/' || m.seq FROM messages m "
-                      "WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = m.session_id) "
-                      "LIMIT 1");
-  if (q.executeStep())
-    return corrupt_row("messages", q.getColumn(0).getString(),
-                       "session_id: no such session (schema step 14 copies every message "
-                       "under its session's key; the file was left at step " +
-                           std::to_string(from) + ")");
-  return {};
-}
-
 result<void> migrate(SQLite::Database& db) {
   int ver = db.execAndGet("PRAGMA user_version").getInt();
   const auto& steps = migrations();
   if (ver == static_cast<int>(steps.size())) return {};
   SQLite::Transaction tx(db, SQLite::TransactionBehavior::IMMEDIATE);
   for (int v = ver; v < static_cast<int>(steps.size()); ++v) {
-    if (auto r = check_before_step(db, v + 1, ver); !r) return r.error();  // rolled back whole
+    if (const auto* c = check_before_step(v + 1)) {
+      SQLite::Statement q(db, c->sql);
+      if (q.executeStep())  // returned before the commit: rolled back whole
+        return corrupt_row(c->table, q.getColumn(0).getString(),
+                           std::string(c->problem) + " (schema step " + std::to_string(v + 1) +
+                               " would refuse it; the file was left at step " +
+                               std::to_string(ver) + ")");
+    }
     try {
       db.exec(steps[v]);
     } catch (const std::exception& e) {

@@ -434,4 +434,15 @@ ALTER TABLE messages_v14 RENAME TO messages;
   return steps;
 }
 
+const step_check* check_before_step(int step) {
+  // Step 14 copies every message under the foreign key its new table
+  // declares: a message whose session is gone would fail the copy.
+  static const step_check messages_have_sessions{
+      "messages",
+      "SELECT m.session_id || '/' || m.seq FROM messages m "
+      "WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = m.session_id) LIMIT 1",
+      "session_id: no such session"};
+  return step == 14 ? &messages_have_sessions : nullptr;
+}
+
 }  // namespace tether::persistence

@@ -379,7 +379,7 @@ namespace {
 
 // A file as a build before step 14 left it (schema `version`, at most 13:
 // the transcript WITHOUT ROWID), with two sessions.
-void make_schema_13(const std::string& path, int version = 13) {
+void make_file_before_step_14(const std::string& path, int version = 13) {
   const auto& steps = persistence::migrations();
   REQUIRE(steps.size() >= 14);
   SQLite::Database db(path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
@@ -399,7 +399,7 @@ TEST_CASE(
     "[migration]") {
   test::scratch_dir root("migration-messages-rowid");
   auto path = root.file("tether.db");
-  make_schema_13(path);
+  make_file_before_step_14(path);
   {
     // Messages written interleaved, as sessions that run at once write them.
     SQLite::Database db(path, SQLite::OPEN_READWRITE);
@@ -461,7 +461,7 @@ TEST_CASE(
   int version = GENERATE(13, 12);
   test::scratch_dir root("migration-messages-orphan-" + std::to_string(version));
   auto path = root.file("tether.db");
-  make_schema_13(path, version);
+  make_file_before_step_14(path, version);
   {
     SQLite::Database db(path, SQLite::OPEN_READWRITE);  // foreign keys off, as another tool's
     db.exec(
