@@ -752,28 +752,33 @@ awaitable<result<boot_report>> host::boot() {
   auto rep_m = std::make_shared<std::mutex>();
   boot_report& rep = *shared_rep;
   // Every field a decision below depends on validates before anything runs,
-  // is delivered or is written.
-  auto valid = co_await store_->validate();
-  if (!valid) co_return error{valid.error().code, "refusing to boot: " + valid.error().message};
-  // The running subagent rows, the sessions' links and the claims an inbox
-  // woke, read side by side before anything is written: the links' read
-  // decodes every session's policy as a loaded session would, and refuses
-  // the boot on one that does not; a failed read refuses it before a resume
-  // is counted. What the recoveries below write between these reads and
-  // their use changes none of them (they write other kinds' rows), and
+  // is delivered or is written. Every read those decisions start from is
+  // queued on the read threads behind validation's scans, before anything is
+  // written, and used only once validation passed: the running subagent
+  // rows, the sessions' links (whose read decodes every session's policy as
+  // a loaded session would, and refuses the boot on one that does not) and
+  // the job queue's recovery reads; the claims an inbox woke are read on the
+  // writer's connection meanwhile. A failed read refuses the boot before a
+  // resume is counted. What the recoveries below write between these reads
+  // and their use changes none of them (they write other kinds' rows), and
   // phase 1 only takes children out of the woken claims (a settle ends the
   // claim), never adds one.
   auto& store = *store_;
-  auto read_jobs = [&store] { return store.running_jobs(); };
-  auto read_sessions = [&store] { return store.session_links(); };
-  auto jobs_read = store.offload(std::move(read_jobs));
-  auto sessions_read = store.offload(std::move(read_sessions));
+  auto validation = store.start_validation();
+  auto read_sessions = [s = &store] { return s->session_links(); };
+  auto sessions_read = store.start(std::move(read_sessions));
+  auto read_jobs = [s = &store] { return s->running_jobs(); };
+  auto jobs_read = store.start(std::move(read_jobs));
+  auto recovery_reads = job_queue::start_recovery_reads(store);
+  auto validated = store.finish_validation(std::move(validation));
   auto woken_read = store.claims_woken_by_inbox();
   using namespace asio::experimental::awaitable_operators;
-  auto reads = co_await (std::move(jobs_read) && std::move(sessions_read) && std::move(woken_read));
-  auto& jobs = std::get<0>(reads);
-  auto& sessions = std::get<1>(reads);
-  auto& woken = std::get<2>(reads);
+  auto first = co_await (std::move(validated) && std::move(woken_read));
+  auto& valid = std::get<0>(first);
+  if (!valid) co_return error{valid.error().code, "refusing to boot: " + valid.error().message};
+  auto sessions = co_await sessions_read->async_wait(asio::use_awaitable);
+  auto jobs = co_await jobs_read->async_wait(asio::use_awaitable);
+  auto& woken = std::get<1>(first);
   if (!sessions)
     co_return error{sessions.error().code, "refusing to boot: " + sessions.error().message};
   if (!jobs) co_return error{jobs.error().code, "refusing to boot: " + jobs.error().message};
@@ -783,7 +788,7 @@ awaitable<result<boot_report>> host::boot() {
   std::set<session_id> woken_by_inbox(woken->begin(), woken->end());
   // Owned jobs first: an outstanding owner that cannot be recovered stops the
   // boot before any session resumes, so no new work starts.
-  auto recovered = co_await jobs_->recover();
+  auto recovered = co_await jobs_->recover(std::move(recovery_reads));
   if (!recovered) co_return recovered.error();
   rep.jobs = std::move(*recovered);
   TETHER_CRASH_POINT("boot.recover.after_jobs");

@@ -552,12 +552,21 @@ awaitable<result<int>> job_queue::cancel_each(std::vector<std::pair<job_id, owne
 
 // ---- recovery ----------------------------------------------------------------------------
 
-awaitable<result<recovery_report>> job_queue::recover() {
-  auto task = recover_on();
+job_queue::recovery_reads job_queue::start_recovery_reads(persistence::task_store& store) {
+  auto read_live = [s = &store] { return s->live_jobs(); };
+  auto read_pending = [s = &store] { return s->pending_receipts_but_subagent(); };
+  recovery_reads r;
+  r.live = store.start(std::move(read_live));
+  r.pending = store.start(std::move(read_pending));
+  return r;
+}
+
+awaitable<result<recovery_report>> job_queue::recover(std::optional<recovery_reads> reads) {
+  auto task = recover_on(std::move(reads));
   co_return co_await on_queue(std::move(task));
 }
 
-awaitable<result<recovery_report>> job_queue::recover_on() {
+awaitable<result<recovery_report>> job_queue::recover_on(std::optional<recovery_reads> reads) {
   auto held = gate_.enter();
   if (!held) co_return error{errc::stopped, "the host is shutting down; nothing was done"};
   // Until boot's phases have resumed the sessions (and bound their running
@@ -573,11 +582,10 @@ awaitable<result<recovery_report>> job_queue::recover_on() {
                              "; what recovery settled before this stays settled, every other "
                              "owner was retained and no new work was started"};
   };
-  auto read_live = [this] { return store_.live_jobs(); };
-  auto live = co_await store_.offload(std::move(read_live));
+  if (!reads) reads = start_recovery_reads(store_);
+  auto live = co_await reads->live->async_wait(asio::use_awaitable);
   if (!live) co_return refuse(live.error());
-  auto read_pending = [this] { return store_.pending_receipts_but_subagent(); };
-  auto pending = co_await store_.offload(std::move(read_pending));
+  auto pending = co_await reads->pending->async_wait(asio::use_awaitable);
   if (!pending) co_return refuse(pending.error());
 
   // The host's own local daemon (no sandbox configured) is part of this

@@ -137,11 +137,25 @@ class job_queue {
   job_queue(runtime::executor ex, host& h, persistence::task_store& store, job_queue_options opts);
   ~job_queue();
 
+  /// What recover() reads before it decides anything: the live owned jobs
+  /// and the pending receipts of every kind but subagents'. Queued on the
+  /// store's read threads when made (start_recovery_reads), so that boot
+  /// reads them beside its validation; recover() waits for them.
+  struct recovery_reads {
+    std::shared_ptr<runtime::one_shot<result<std::vector<persistence::owned_job>>>> live;
+    std::shared_ptr<
+        runtime::one_shot<result<std::vector<std::pair<persistence::receipt, std::string>>>>>
+        pending;
+  };
+  static recovery_reads start_recovery_reads(persistence::task_store& store);
+
   /// Boot: reattaches read-only to each recorded sandbox generation, settles
   /// what ended while the host was down, drops stale receipts and resends the
   /// pending ones. An outstanding owner that cannot be recovered is an error
   /// (and nothing new starts); so is persisted state that does not parse.
-  awaitable<result<recovery_report>> recover();
+  /// `reads`: started by the caller before anything was written (otherwise
+  /// recover() starts them itself).
+  awaitable<result<recovery_report>> recover(std::optional<recovery_reads> reads = {});
 
   awaitable<result<job_id>> launch(owner_scope caller, launch_request req);
   /// A session's own tool call. Its actor knows its row (the scope's tenant
@@ -213,7 +227,7 @@ class job_queue {
   /// Cancels each job in the scope given with it (confirmed); how many ended
   /// cancelled, or the first error other than "not found" (the rest are still tried).
   awaitable<result<int>> cancel_each(std::vector<std::pair<job_id, owner_scope>> jobs);
-  awaitable<result<recovery_report>> recover_on();
+  awaitable<result<recovery_report>> recover_on(std::optional<recovery_reads> reads);
   /// 1: `w` waits for the live job's end; 0: the job is not live here; -1: stopping.
   awaitable<int> add_waiter(job_id job, std::shared_ptr<runtime::one_shot<int>> w);
   /// Runs `task` on the queue's executor, shielded from the caller's cancellation.

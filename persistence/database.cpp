@@ -323,15 +323,24 @@ void seed_mint_floor(SQLite::Database& db) {
                                          {"tasks", "id"},
                                          {"tasks", "notification_id"},
                                          {"inbox", "notification_id"}};
+  // minted_glob() is "*_" then the digits. Its test anchored at the end,
+  // the '_' where it must be and then the digits, is what GLOB tests, but a
+  // pattern starting with '*' tries every position of every id (100,000
+  // sessions and tasks: ~85 ms of a host's open, now ~55).
+  auto glob = std::string(protocol::minted_glob());
+  auto digits = glob.substr(2);
+  auto n = std::count(digits.begin(), digits.end(), '[');
+  auto tail = std::to_string(n + 1), at = std::to_string(n);
   std::string sql = "SELECT max(t) FROM (";
   for (std::size_t i = 0; i < std::size(k_ids); ++i) {
+    std::string c = k_ids[i][1];
     if (i) sql += " UNION ALL ";
-    sql += "SELECT substr(" + std::string(k_ids[i][1]) + ", -18) AS t FROM " + k_ids[i][0] +
-           " WHERE " + k_ids[i][1] + " GLOB ?1";
+    sql += "SELECT substr(" + c + ", -" + tail + ") AS t FROM " + k_ids[i][0] + " WHERE substr(" +
+           c + ", -" + tail + ", 1) = '_' AND substr(" + c + ", -" + at + ") GLOB ?1";
   }
   sql += ")";
   SQLite::Statement q(db, sql);
-  q.bind(1, std::string(protocol::minted_glob()));
+  q.bind(1, digits);
   if (q.executeStep() && !q.getColumn(0).isNull()) protocol::mint_floor(q.getColumn(0).getString());
 }
 

@@ -113,6 +113,16 @@ class reader_pool {
   /// destroys a capturing lambda temporary inside co_await twice).
   template <class F>
   boost::asio::awaitable<std::invoke_result_t<F&>> offload(F fn) {
+    auto shot = start(std::move(fn));
+    co_return co_await shot->async_wait(boost::asio::use_awaitable);
+  }
+
+  /// Queues `fn` on the read threads now and returns where its result will
+  /// be: reads started side by side, in the order they are started, and
+  /// awaited later (shot->async_wait). What `fn` refers to must outlive the
+  /// read, whether or not anyone awaits it (join() waits for it).
+  template <class F>
+  std::shared_ptr<runtime::one_shot<std::invoke_result_t<F&>>> start(F fn) {
     using R = std::invoke_result_t<F&>;
     auto shot = runtime::one_shot<R>::make();
     auto job = [fn = std::move(fn), shot]() mutable {
@@ -123,7 +133,7 @@ class reader_pool {
       }
     };
     boost::asio::post(read_threads(), std::move(job));
-    co_return co_await shot->async_wait(boost::asio::use_awaitable);
+    return shot;
   }
 
  private:

@@ -565,6 +565,12 @@ class task_reader {
   auto offload(F fn) {
     return readers_.offload(std::move(fn));
   }
+  /// Queues `fn` on the read threads now; its result is awaited later
+  /// (reader_pool::start): reads side by side with other work.
+  template <class F>
+  auto start(F fn) {
+    return readers_.start(std::move(fn));
+  }
   /// Waits for the offloaded reads in flight and ends their threads (reader_pool::join).
   void join_reads() { readers_.join(); }
 
@@ -579,9 +585,19 @@ class task_store : public task_reader {
   writer& db_writer() { return w_; }
 
   /// Every row checked (table_has_bad_row, then refuse_first_bad_row) on the
-  /// read threads, the tables shared between them: boot refuses to start on
-  /// a row that does not validate.
+  /// read threads, one scan per table: boot refuses to start on a row that
+  /// does not validate.
   awaitable<result<void>> validate();
+  /// validate() in two halves, so that other reads run beside its scans:
+  /// start_validation() queues one scan per table on the read threads (the
+  /// biggest tables first) and returns at once; finish_validation() waits
+  /// for them and names the first bad row if a scan found one.
+  struct validation {
+    std::vector<std::shared_ptr<runtime::one_shot<result<bool>>>>
+        scans;  // validated_tables()' order
+  };
+  validation start_validation();
+  awaitable<result<void>> finish_validation(validation v);
   /// Children that hold a claim and owe no running job row, whose claimed
   /// busy period took only inbox items (reports, shell or job notices) past
   /// its input cursor: a period woken by its inbox, whose settle would have

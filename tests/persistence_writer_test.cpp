@@ -448,6 +448,9 @@ TEST_CASE("a child is created in its parent's tenant") {
 }
 
 TEST_CASE("an id minted after the wall clock stepped back sorts after every id in the store") {
+  // Each column of minted ids the store's open reads, one at a time.
+  auto column = GENERATE(as<std::string>{}, "sessions.id", "sessions.turn", "tasks.id",
+                         "tasks.notification_id", "inbox.notification_id");
   test::scratch_dir dir("ids_back");
   auto path = dir.file("t.db");
   // An id minted ten minutes "ahead": as if the clock has since stepped back.
@@ -457,16 +460,49 @@ TEST_CASE("an id minted after the wall clock stepped back sorts after every id i
   char tail[32];
   std::snprintf(tail, sizeof tail, "_%012llx0000", static_cast<unsigned long long>(us));
   std::string stored = std::string("ses") + tail;
+  // Ids that only look minted are not read as a floor: further ahead still,
+  // without the '_' right before the digits, or with a digit too many.
+  char ahead[32];
+  std::snprintf(ahead, sizeof ahead, "%012llx0000",
+                static_cast<unsigned long long>(us + 3600LL * 1000000));
+  const std::string not_minted[] = {std::string("ses-") + ahead, std::string("ses_x") + ahead,
+                                    std::string("ses_0") + ahead};
   {
     auto w = open_writer(path);
     task_store store(*w, path);
-    REQUIRE(test::run(store.create_session(session_named(stored))));
+    REQUIRE(test::run(store.create_session(session_named("parent"))));
+    REQUIRE(test::run(store.create_session(session_named("other"))));
+    for (const auto& id : not_minted) REQUIRE(test::run(store.create_session(session_named(id))));
+  }
+  {
+    SQLite::Database db(path, SQLite::OPEN_READWRITE);
+    if (column == "sessions.id") {
+      db.exec("UPDATE sessions SET id = '" + stored + "' WHERE id = 'parent'");
+    } else if (column == "sessions.turn") {
+      db.exec("UPDATE sessions SET turn = '" + stored + "' WHERE id = 'parent'");
+    } else if (column == "inbox.notification_id") {
+      db.exec(
+          "INSERT INTO inbox (session_id, notification_id, body, admitted_seq, admitted_at, "
+          "admitted_ord) VALUES ('parent', '" +
+          stored + "', 'b', 0, 0, 1)");
+    } else {
+      bool as_id = column == "tasks.id";
+      db.exec(
+          "INSERT INTO tasks (id, notification_id, kind, mode, parent_id, child_id, state, "
+          "payload, created_at, updated_at) VALUES ('" +
+          (as_id ? stored : std::string("job_a")) + "', '" +
+          (as_id ? std::string("msg_a") : stored) +
+          "', 'subagent', 'background', 'parent', 'other', 'running', "
+          "'{\"description\":\"d\"}', 0, 0)");
+    }
   }
   auto w = open_writer(path);  // a new boot reads what the store holds
   auto a = protocol::mint("ses"), b = protocol::mint("ses");
-  INFO("stored " << stored << ", minted " << a << " then " << b);
+  INFO(column << ": stored " << stored << ", minted " << a << " then " << b);
   CHECK(a.substr(3) > stored.substr(3));
   CHECK(b.substr(3) > a.substr(3));
+  // The floor is the stored id, not one of those further ahead.
+  CHECK(a.substr(3) < std::string("_") + ahead);
 }
 
 TEST_CASE("an existing empty database file is refused unless the caller creates a database") {
