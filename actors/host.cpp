@@ -778,6 +778,9 @@ awaitable<result<boot_report>> host::boot() {
   if (!valid) co_return error{valid.error().code, "refusing to boot: " + valid.error().message};
   auto sessions = co_await sessions_read->async_wait(asio::use_awaitable);
   auto jobs = co_await jobs_read->async_wait(asio::use_awaitable);
+  // A one_shot keeps its value and hands out a copy: the kept ones go now.
+  sessions_read.reset();
+  jobs_read.reset();
   auto& woken = std::get<1>(first);
   if (!sessions)
     co_return error{sessions.error().code, "refusing to boot: " + sessions.error().message};

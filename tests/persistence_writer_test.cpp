@@ -459,14 +459,17 @@ TEST_CASE("an id minted after the wall clock stepped back sorts after every id i
                 .count();
   char tail[32];
   std::snprintf(tail, sizeof tail, "_%012llx0000", static_cast<unsigned long long>(us));
-  std::string stored = std::string("ses") + tail;
+  // A multi-byte character before the '_' (counted as one) does not matter.
+  std::string stored = std::string("s\xc3\xa9s") + tail;
   // Ids that only look minted are not read as a floor: further ahead still,
   // without the '_' right before the digits, or with a digit too many.
   char ahead[32];
   std::snprintf(ahead, sizeof ahead, "%012llx0000",
                 static_cast<unsigned long long>(us + 3600LL * 1000000));
+  // A multi-byte character among the last 17 keeps an id from looking minted.
   const std::string not_minted[] = {std::string("ses-") + ahead, std::string("ses_x") + ahead,
-                                    std::string("ses_0") + ahead};
+                                    std::string("ses_0") + ahead,
+                                    std::string("ses_") + (ahead + 1) + "\xc3\xa9"};
   {
     auto w = open_writer(path);
     task_store store(*w, path);
@@ -499,10 +502,11 @@ TEST_CASE("an id minted after the wall clock stepped back sorts after every id i
   auto w = open_writer(path);  // a new boot reads what the store holds
   auto a = protocol::mint("ses"), b = protocol::mint("ses");
   INFO(column << ": stored " << stored << ", minted " << a << " then " << b);
-  CHECK(a.substr(3) > stored.substr(3));
-  CHECK(b.substr(3) > a.substr(3));
+  auto digits = [](const std::string& id) { return id.substr(id.rfind('_')); };
+  CHECK(digits(a) > digits(stored));
+  CHECK(digits(b) > digits(a));
   // The floor is the stored id, not one of those further ahead.
-  CHECK(a.substr(3) < std::string("_") + ahead);
+  CHECK(digits(a) < std::string("_") + ahead);
 }
 
 TEST_CASE("an existing empty database file is refused unless the caller creates a database") {
