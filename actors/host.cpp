@@ -907,7 +907,7 @@ awaitable<result<boot_report>> host::boot() {
   co_await pages->all_done->async_wait(asio::use_awaitable);
   if (stopped) std::rethrow_exception(stopped);
   if (pages->last) TETHER_CRASH_POINT("boot.deliver.after_owed");
-  // As validate() refuses a row before anything runs: what was delivered
+  // As validation refuses a row before anything runs: what was delivered
   // before it stays delivered, the rest stays pending.
   if (pages->corrupt)
     co_return error{pages->corrupt->code, "refusing to boot: " + pages->corrupt->message +

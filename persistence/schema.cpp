@@ -396,7 +396,7 @@ CREATE INDEX IF NOT EXISTS tasks_sop_waits ON tasks(json_extract(payload, '$.wai
     AND json_extract(payload, '$.phase') = 'waiting_approval';
 )sql",
       // 13: a task's receipts by task and transition. Boot's check that a
-      // terminal subagent task has its terminal receipt (validate(), once
+      // terminal subagent task has its terminal receipt (its validation, once
       // per task) reads the index alone instead of each receipt's row; the
       // reads by task (receipts_of) use it as they used receipts(task_id).
       R"sql(

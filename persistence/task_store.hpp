@@ -448,7 +448,7 @@ class task_reader {
   /// Every session's link, in no order (boot's directory): five columns and
   /// no sort, not the whole row in creation order. Its policy is decoded as
   /// sessions() decodes it, so a policy that does not decode is refused here
-  /// too (validate() checks only that it is JSON).
+  /// too (boot's validation checks only that it is JSON).
   result<std::vector<session_link>> session_links();
   /// The sessions boot's phases 2 and 3 may resume, in sessions()' order:
   /// mid-turn (suspended), with a pending inbox row, or the child of a live
@@ -482,8 +482,8 @@ class task_reader {
   result<std::optional<owned_job>> job(const job_id& id);
   /// Jobs not yet terminal (admitted or running), oldest first, read through
   /// the live tasks' index (not a scan of every task's row). A row whose
-  /// state word is unknown is not read here but refused by validate(), which
-  /// boot runs before the job queue's recovery reads this.
+  /// state word is unknown is not read here but refused by boot's
+  /// validation, which passes before the job queue's recovery uses this.
   result<std::vector<owned_job>> live_jobs();
   /// Every job of one turn, oldest first.
   result<std::vector<owned_job>> jobs_of_turn(const protocol::session_id& thread,
@@ -495,8 +495,8 @@ class task_reader {
   /// if there is no such task), in one read: what the job queue's recovery
   /// checks for staleness, without a read per receipt. Read through the
   /// receipts' pending index, in outbox order, without a sort: a receipt
-  /// whose state word is unknown is not read here but refused by validate(),
-  /// which boot runs first.
+  /// whose state word is unknown is not read here but refused by boot's
+  /// validation, which passes before the job queue's recovery uses this.
   result<std::vector<std::pair<receipt, std::string>>> pending_receipts_but_subagent();
   /// The newest pending receipt's key, if any: where boot's read of the
   /// outbox (outbox_page) stops, so what is written after it starts is not
@@ -507,7 +507,7 @@ class task_reader {
   /// the row it owes (outbox_row). One read through the receipts' pending
   /// index and one probe of each receipt's task (the kind and an owed row
   /// together), without a sort. A receipt whose state word is unknown is not
-  /// read here but refused by validate(), which boot runs first.
+  /// read here but refused by boot's validation, which passes first.
   result<std::vector<outbox_row>> outbox_page(const outbox_key& after, const outbox_key& end,
                                               std::size_t limit);
   /// The subagent rows still running (admitted or running), oldest first,
@@ -584,14 +584,12 @@ class task_store : public task_reader {
 
   writer& db_writer() { return w_; }
 
-  /// Every row checked (table_has_bad_row, then refuse_first_bad_row) on the
-  /// read threads, one scan per table: boot refuses to start on a row that
-  /// does not validate.
-  awaitable<result<void>> validate();
-  /// validate() in two halves, so that other reads run beside its scans:
-  /// start_validation() queues one scan per table on the read threads (the
-  /// biggest tables first) and returns at once; finish_validation() waits
-  /// for them and names the first bad row if a scan found one.
+  /// Boot's validation, every row checked (table_has_bad_row, then
+  /// refuse_first_bad_row) on the read threads, in two halves so that other
+  /// reads run beside its scans: start_validation() queues one scan per
+  /// table (the biggest tables first) and returns at once;
+  /// finish_validation() waits for them and names the first bad row if a
+  /// scan found one. Boot refuses to start on a row that does not validate.
   struct validation {
     std::vector<std::shared_ptr<runtime::one_shot<result<bool>>>>
         scans;  // validated_tables()' order

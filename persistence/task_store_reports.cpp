@@ -352,8 +352,8 @@ result<session_row> decode_session(SQLite::Statement& q) {
 }
 
 // A subagent task row from columns `first`.. (TETHER_JOB_COLS and its owed
-// flag). Without `description`, its payload is not decoded (validate()
-// checked that it has one) and the row's description stays empty.
+// flag). Without `description`, its payload is not decoded (boot's
+// validation checked that it has one) and the row's description stays empty.
 result<job_row> decode_job_at(SQLite::Statement& q, int first, bool description = true) {
   job_row r;
   r.id = job_id(q.getColumn(first + 0).getString());
@@ -451,11 +451,6 @@ awaitable<result<void>> task_store::finish_validation(validation v) {
   };
   auto refused = offload(std::move(refuse));
   co_return co_await std::move(refused);
-}
-
-awaitable<result<void>> task_store::validate() {
-  auto started = start_validation();
-  co_return co_await finish_validation(std::move(started));
 }
 
 awaitable<result<std::vector<session_id>>> task_store::claims_woken_by_inbox() {

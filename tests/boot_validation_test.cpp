@@ -227,7 +227,7 @@ TEST_CASE(
 TEST_CASE(
     "a session policy that is JSON but not a policy refuses the boot naming the session, though "
     "boot reads only the sessions' links") {
-  // validate() checks only that a policy is JSON; boot's read of every
+  // Validation checks only that a policy is JSON; boot's read of every
   // session decodes the policy as a loaded session would, so the refusal
   // comes before anything runs, not when the session first loads.
   report_fixture f("garble_policy");
@@ -271,8 +271,8 @@ TEST_CASE(
 TEST_CASE(
     "an owed report whose row does not decode refuses the boot naming it, and stays pending, "
     "though boot reads its outbox a page at a time") {
-  // validate() does not check a subagent row's mode; the outbox's read
-  // decodes the owed row, and its refusal stops the boot as validate()'s
+  // Validation does not check a subagent row's mode; the outbox's read
+  // decodes the owed row, and its refusal stops the boot as validation's
   // would, not a warning that skips the rest of the outbox.
   report_fixture f("garble_owed_mode");
   REQUIRE(f.sync(f.host->create_session("parent", session_id("parent"))));
