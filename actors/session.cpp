@@ -197,9 +197,21 @@ class session::context : public agent_context {
   }
 
   awaitable<result<std::int64_t>> input_ordinal(std::int64_t seq) override {
+    // A transcript is append-only: the count up to an earlier seq stays
+    // true, so only the messages after it are counted.
+    auto known = s_->inputs_counted_;
+    if (seq < known.seq) known = {};
     auto& store = s_->host_.store();
-    auto read = [&store, me = s_->id(), seq] { return store.user_ordinal(me, seq); };
-    co_return co_await store.offload(std::move(read));
+    auto read = [&store, me = s_->id(), after = known.seq, seq] {
+      return store.user_inputs(me, after, seq);
+    };
+    auto counted = co_await store.offload(std::move(read));
+    if (!counted) co_return counted.error();
+    auto ordinal = known.count + counted->count;
+    // Remembered up to the last message the read saw, not up to seq: a seq
+    // past the end of the transcript must not hide the inputs still to come.
+    if (counted->last > s_->inputs_counted_.seq) s_->inputs_counted_ = {counted->last, ordinal};
+    co_return ordinal;
   }
 
   awaitable<result<job_id>> delegate_background(delegate_request req) override {

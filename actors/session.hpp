@@ -203,6 +203,13 @@ class session : public runtime::actor<session, session_message> {
   void answered(std::int64_t seq, std::string text) {
     if (seq > last_answer_.seq) last_answer_ = {seq, std::move(text)};
   }
+  // How many user messages the transcript holds up to seq, as
+  // input_ordinal last counted them (it then counts only those after).
+  struct inputs_counted {
+    std::int64_t seq = 0;
+    std::int64_t count = 0;
+  };
+  inputs_counted inputs_counted_;
   std::int64_t settle_cursor_ = 0;
   asio::cancellation_signal drain_cancel_;
   std::optional<job_binding> job_;

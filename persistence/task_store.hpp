@@ -464,8 +464,14 @@ class task_reader {
   /// reads running_jobs and outbox_page instead).
   result<std::vector<job_row>> outstanding_jobs();
   result<std::vector<message_row>> messages(const session_id& s, std::int64_t after = 0);
-  /// How many user messages the session has up to and including seq.
-  result<std::int64_t> user_ordinal(const session_id& s, std::int64_t seq);
+  /// The session's messages after `after`, up to and including `upto`:
+  /// how many are user messages, and the seq of the last one there is
+  /// (`after` if none). After = 0: `count` is the ordinal of the input at upto.
+  struct input_count {
+    std::int64_t count = 0;
+    std::int64_t last = 0;
+  };
+  result<input_count> user_inputs(const session_id& s, std::int64_t after, std::int64_t upto);
   result<std::vector<inbox_row>> inbox(const session_id& s);
   /// Sessions with at least one report admitted and not yet acknowledged.
   result<std::vector<session_id>> sessions_with_pending_inbox();

@@ -1060,16 +1060,18 @@ result<std::vector<outbox_row>> task_reader::outbox_page(const outbox_key& after
   }
 }
 
-result<std::int64_t> task_reader::user_ordinal(const session_id& s, std::int64_t seq) {
+result<task_reader::input_count> task_reader::user_inputs(const session_id& s, std::int64_t after,
+                                                          std::int64_t upto) {
   try {
     auto db = readers_.acquire();
     auto& q = db.statement(
-        "SELECT count(*) FROM messages WHERE session_id = ? AND seq <= ? AND "
-        "role = 'user'");
+        "SELECT count(*) FILTER (WHERE role = 'user'), coalesce(max(seq), ?2) FROM messages "
+        "WHERE session_id = ?1 AND seq > ?2 AND seq <= ?3");
     q.bind(1, s.str());
-    q.bind(2, seq);
+    q.bind(2, after);
+    q.bind(3, upto);
     q.executeStep();
-    return q.getColumn(0).getInt64();
+    return input_count{q.getColumn(0).getInt64(), q.getColumn(1).getInt64()};
   } catch (const std::exception& e) {
     return read_error("counting inputs of " + s.str(), e);
   }

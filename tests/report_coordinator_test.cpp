@@ -51,6 +51,44 @@ TEST_CASE("20,000 self-wakes in a row make one busy period without overflowing t
   REQUIRE(f.inbox("parent").size() == 1);
 }
 
+TEST_CASE(
+    "input_ordinal counts a session's inputs up to any seq, and a seq past the transcript's end "
+    "does not hide the inputs written after it") {
+  report_fixture f("ordinal");
+  auto solo = f.code("solo");
+  // Per drain: the input's ordinal, one asked for a seq past the end of the
+  // transcript, and (from the third prompt on) the ordinal of seq 1 again;
+  // -1 for a read that failed. Written on the session's executor, read here
+  // once the host is quiet.
+  std::vector<std::vector<std::int64_t>> seen;
+  solo->fn = [&](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
+    for (auto& input : in.inputs) {
+      std::vector<std::int64_t> got;
+      for (auto seq : {input.seq, input.seq + 100}) {
+        auto o = co_await ctx.input_ordinal(seq);
+        got.push_back(o ? *o : -1);
+      }
+      if (seen.size() >= 2) {
+        auto first = co_await ctx.input_ordinal(1);
+        got.push_back(first ? *first : -1);
+      }
+      seen.push_back(got);
+      co_await ctx.say("answer " + std::to_string(seen.size()));
+    }
+  };
+  auto s = f.sync(f.host->create_session("solo", session_id("solo")));
+  REQUIRE(s);
+  for (auto text : {"one", "two", "three"}) {
+    REQUIRE(f.sync(f.host->prompt(*s, text)));
+    f.quiet();
+  }
+  // Inputs at seq 1, 3 and 5 (each answer takes the seq after its input).
+  REQUIRE(seen.size() == 3);
+  CHECK(seen[0] == std::vector<std::int64_t>{1, 1});
+  CHECK(seen[1] == std::vector<std::int64_t>{2, 2});
+  CHECK(seen[2] == std::vector<std::int64_t>{3, 3, 1});
+}
+
 TEST_CASE("started records the session's durable sequence number as startedSeq") {
   report_fixture f("startedseq");
   f.on("parent", 1, {say("one")});
