@@ -7,6 +7,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "tether/actors/host.hpp"
+#include "tether/protocol/payloads.hpp"
 #include "tether/protocol/report.hpp"
 #include "tether/runtime/crash_point.hpp"
 #include "tether/runtime/retry.hpp"
@@ -14,6 +15,21 @@
 namespace tether::actors {
 
 using protocol::report_state;
+
+namespace {
+// The input a claim appended, as the drain's read would return it: its
+// text through the payload's encoding and back. Nothing when that fails
+// (text that is not UTF-8): the read then reports the row as it does today.
+std::optional<persistence::message_row> known_input(persistence::message_row m) {
+  auto encoded = protocol::to_text(protocol::to_json(protocol::message_payload{m.text}));
+  auto back = protocol::decode_text<protocol::message_payload>(
+      encoded,
+      [](const protocol::json::value& v) { return protocol::message_payload_from_json(v); });
+  if (!back) return std::nullopt;
+  m.text = std::move(back->text);
+  return m;
+}
+}  // namespace
 
 // The agent's window onto its session during one busy period. All calls run
 // on the session's executor.
@@ -833,6 +849,7 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self,
     // nothing was admitted since the last look.
     receipt_admitted_ = false;  // this drain takes what was admitted so far
     bool inbox_left = false;    // a bounded take left rows for the next drain
+    bool took_reports = false;  // the take moved reports into the transcript
     if (inbox_dirty_) {
       inbox_dirty_ = false;
       TETHER_CRASH_POINT("report.drain.before_ack");
@@ -841,21 +858,33 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self,
         inbox_dirty_ = true;
         host_.warn("session " + id().str() + ": " + taken.error().message);
       }
-      if (taken && !taken->messages.empty()) TETHER_CRASH_POINT("report.drain.after_ack");
+      took_reports = taken && !taken->messages.empty();
+      if (took_reports) TETHER_CRASH_POINT("report.drain.after_ack");
       if (taken && taken->more) inbox_dirty_ = inbox_left = true;
     }
     drain_input in;
     in.drain_index = drain_index;
     in.scope = scope;
-    auto read_inputs = [&store, me = id(), cursor] { return store.messages(me, cursor); };
-    auto msgs = co_await store.offload(std::move(read_inputs));
-    if (!msgs) {
-      failed_ = true;
-      error_text_ = msgs.error().message;
-      break;
+    // The input that opened the period, when it is the only one after the
+    // cursor and this drain took no report (a report, or an input appended
+    // meanwhile, may lie between them): the drain reads nothing. Anything
+    // appended after it rang a wake, so the next drain reads from it.
+    std::optional<message_row> known;
+    if (drain_index == 0 && begun->input && !took_reports)
+      known = known_input(std::move(*begun->input));
+    if (known) {
+      in.inputs.push_back(std::move(*known));
+    } else {
+      auto read_inputs = [&store, me = id(), cursor] { return store.messages(me, cursor); };
+      auto msgs = co_await store.offload(std::move(read_inputs));
+      if (!msgs) {
+        failed_ = true;
+        error_text_ = msgs.error().message;
+        break;
+      }
+      for (auto& mm : *msgs)
+        if (mm.role == "user") in.inputs.push_back(std::move(mm));
     }
-    for (auto& mm : *msgs)
-      if (mm.role == "user") in.inputs.push_back(std::move(mm));
     if (!in.inputs.empty()) cursor = in.inputs.back().seq;
 
     // An interrupt or shutdown during the awaits above found no drain to

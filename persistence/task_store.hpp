@@ -623,6 +623,11 @@ class task_store : public task_reader {
     /// The period resumes one a crashed host began: its transcript may hold
     /// messages of that period written before this process started.
     bool resumed = false;
+    /// append_and_begin_busy: the input it appended, when no other user
+    /// message lies after the input cursor (and the period is not resumed):
+    /// then it is the only input of the period's first drain unless the drain
+    /// takes reports from the inbox, and the drain need not read it back.
+    std::optional<message_row> input;
   };
   awaitable<result<busy_start>> begin_busy(session_id s);
   /// A user input (kind "prompt" or "steer") to an idle session: appends it

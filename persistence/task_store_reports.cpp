@@ -542,6 +542,21 @@ awaitable<result<task_store::busy_start>> task_store::append_and_begin_busy(sess
     if (!begun) return begun;
     // The message takes the seq the claim's statement gave the session.
     insert_message(db, s.str(), begun->seq, "user", kind, "completed", text);
+    if (!begun->resumed) {
+      // Between the cursor and the input lie the last period's answers;
+      // any user message there (another writer's, such as a follow-up's
+      // prompt) leaves the drain to read its inputs.
+      auto& other = cached_statement(db,
+                                     "SELECT EXISTS (SELECT 1 FROM messages WHERE session_id = ? "
+                                     "AND seq > ? AND seq < ? AND role = 'user')");
+      other.bind(1, s.str());
+      other.bind(2, begun->input_cursor);
+      other.bind(3, begun->seq);
+      other.executeStep();
+      bool alone = other.getColumn(0).getInt() == 0;
+      other.reset();
+      if (alone) begun->input = message_row{begun->seq, "user", kind, "completed", text};
+    }
     return begun;
   };
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));

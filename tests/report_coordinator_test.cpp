@@ -89,6 +89,58 @@ TEST_CASE(
   CHECK(seen[2] == std::vector<std::int64_t>{3, 3, 1});
 }
 
+TEST_CASE(
+    "a prompt to an idle session drains a user message another writer put before it, then "
+    "the prompt") {
+  report_fixture f("beside");
+  auto solo = f.code("solo");
+  // The inputs of each drain, written on the session's executor and read
+  // here once the host is quiet.
+  std::vector<std::vector<std::string>> drains;
+  solo->fn = [&](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
+    std::vector<std::string> texts;
+    for (auto& m : in.inputs) texts.push_back(m.text);
+    drains.push_back(texts);
+    co_await ctx.say("answered " + std::to_string(drains.size()));
+  };
+  auto s = f.sync(f.host->create_session("solo", session_id("solo")));
+  REQUIRE(s);
+  REQUIRE(f.sync(f.host->prompt(*s, "one")));
+  f.quiet();
+  // Written past the session's actor, as a follow-up's prompt is: the
+  // actor does not know of it, and the claim of the next prompt must.
+  REQUIRE(f.sync(f.host->store().append(*s, "user", "prompt", "completed", "written beside")));
+  REQUIRE(f.sync(f.host->prompt(*s, "two")));
+  f.quiet();
+  REQUIRE(f.sync(f.host->prompt(*s, "three")));
+  f.quiet();
+  REQUIRE(drains.size() == 3);
+  CHECK(drains[0] == std::vector<std::string>{"one"});
+  CHECK(drains[1] == std::vector<std::string>{"written beside", "two"});
+  CHECK(drains[2] == std::vector<std::string>{"three"});
+}
+
+TEST_CASE(
+    "a prompt whose text is not UTF-8 is refused by the drain's read as a bad row and never "
+    "given to the agent, though its claim appended it alone") {
+  report_fixture f("notutf8");
+  auto solo = f.code("solo");
+  std::vector<std::string> inputs;
+  solo->fn = [&](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
+    for (auto& m : in.inputs) inputs.push_back(m.text);
+    co_await ctx.say("answered");
+  };
+  auto s = f.sync(f.host->create_session("solo", session_id("solo")));
+  REQUIRE(s);
+  REQUIRE(f.sync(f.host->prompt(*s, std::string("bad \xff byte"))));
+  f.quiet();
+  CHECK(inputs.empty());
+  auto row = f.host->store().session(*s);
+  REQUIRE(row);
+  REQUIRE(*row);
+  CHECK((*row)->idle_outcome == std::optional<std::string>("error"));
+}
+
 TEST_CASE("started records the session's durable sequence number as startedSeq") {
   report_fixture f("startedseq");
   f.on("parent", 1, {say("one")});
