@@ -7,7 +7,6 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "tether/actors/host.hpp"
-#include "tether/protocol/payloads.hpp"
 #include "tether/protocol/report.hpp"
 #include "tether/runtime/crash_point.hpp"
 #include "tether/runtime/retry.hpp"
@@ -15,21 +14,6 @@
 namespace tether::actors {
 
 using protocol::report_state;
-
-namespace {
-// The input a claim appended, as the drain's read would return it: its
-// text through the payload's encoding and back. Nothing when that fails
-// (text that is not UTF-8): the read then reports the row as it does today.
-std::optional<persistence::message_row> known_input(persistence::message_row m) {
-  auto encoded = protocol::to_text(protocol::to_json(protocol::message_payload{m.text}));
-  auto back = protocol::decode_text<protocol::message_payload>(
-      encoded,
-      [](const protocol::json::value& v) { return protocol::message_payload_from_json(v); });
-  if (!back) return std::nullopt;
-  m.text = std::move(back->text);
-  return m;
-}
-}  // namespace
 
 // The agent's window onto its session during one busy period. All calls run
 // on the session's executor.
@@ -869,11 +853,10 @@ awaitable<void> session::run_busy(std::shared_ptr<session> self,
     // cursor and this drain took no report (a report, or an input appended
     // meanwhile, may lie between them): the drain reads nothing. Anything
     // appended after it rang a wake, so the next drain reads from it.
-    std::optional<message_row> known;
-    if (drain_index == 0 && begun->input && !took_reports)
-      known = known_input(std::move(*begun->input));
-    if (known) {
-      in.inputs.push_back(std::move(*known));
+    // (The claim wrote it only because it is valid UTF-8, so the read would
+    // return these very bytes.)
+    if (drain_index == 0 && begun->input && !took_reports) {
+      in.inputs.push_back(std::move(*begun->input));
     } else {
       auto read_inputs = [&store, me = id(), cursor] { return store.messages(me, cursor); };
       auto msgs = co_await store.offload(std::move(read_inputs));

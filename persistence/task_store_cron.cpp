@@ -141,8 +141,8 @@ void insert_run(SQLite::Database& db, const std::string& job, std::int64_t occur
   st.bind(2, scope.tenant.str());
   st.bind(3, scope.thread.str());
   st.bind(4, scope.turn.str());
-  st.bind(5, protocol::to_text(protocol::to_json(scope)));
-  st.bind(6, protocol::to_text(payload));
+  st.bind(5, stored_json(protocol::to_json(scope), "the cron run's scope"));
+  st.bind(6, stored_json(payload, "the cron run's payload"));
   st.bind(7, owner);
   st.bind(8, lease_until);
   st.bind(9, now);
@@ -159,7 +159,7 @@ bool finish_run(SQLite::Database& db, const job_id& task, const std::string& sta
   w.kind = "cron_run";
   w.state = state;
   w.transition = transition_of_word(state);
-  w.completion = protocol::to_text(completion);
+  w.completion = stored_json(completion, "the cron run's completion");
   auto st = completion.if_contains("status");
   w.receipt_body = "cron run " + task.str() + ": " +
                    (st && st->is_string() ? std::string(st->as_string()) : state);
@@ -222,7 +222,7 @@ void upsert_job(SQLite::Database& db, const cron_job_row& row) {
   auto now = now_ms();
   st.bind(1, row.spec.name);
   st.bind(2, row.source);
-  st.bind(3, protocol::to_text(protocol::to_json(row.spec)));
+  st.bind(3, stored_json(protocol::to_json(row.spec), "cron job '" + row.spec.name + "'"));
   st.bind(4, row.spec.enabled ? 1 : 0);
   if (row.next_run)
     st.bind(5, *row.next_run);

@@ -157,7 +157,7 @@ std::string completion_text(const std::string& artifact, const std::string& dige
     c["bytes"] = bytes;
   }
   if (!error.empty()) c["error"] = error;
-  return protocol::to_text(c);
+  return stored_json(c, "the delegate's completion");
 }
 
 void delete_intent(SQLite::Database& db, const job_id& id) {
@@ -221,8 +221,8 @@ awaitable<result<void>> task_store::admit_delegate(delegate_task t) {
     st.bind(2, t.scope.tenant.str());
     st.bind(3, t.scope.thread.str());
     st.bind(4, t.scope.turn.str());
-    st.bind(5, protocol::to_text(protocol::to_json(t.scope)));
-    st.bind(6, protocol::to_text(payload));
+    st.bind(5, stored_json(protocol::to_json(t.scope), "the delegate's scope"));
+    st.bind(6, stored_json(payload, "the delegate's payload"));
     st.bind(7, t.owner);
     st.bind(8, t.lease_until);
     st.bind(9, now);

@@ -118,8 +118,8 @@ awaitable<result<void>> task_store::admit_goal(job_id id, owner_scope scope, ses
     st.bind(2, scope.tenant.str());
     st.bind(3, scope.thread.str());
     st.bind(4, scope.turn.str());
-    st.bind(5, protocol::to_text(protocol::to_json(scope)));
-    st.bind(6, protocol::to_text(payload));
+    st.bind(5, stored_json(protocol::to_json(scope), "the goal's scope"));
+    st.bind(6, stored_json(payload, "the goal's description"));
     st.bind(7, now);
     st.bind(8, now);
     if (st.exec() != 1)

@@ -276,8 +276,8 @@ awaitable<result<void>> task_store::admit_job(owned_job j) {
     st.bind(2, j.scope.tenant.str());
     st.bind(3, j.scope.thread.str());
     st.bind(4, j.scope.turn.str());
-    st.bind(5, protocol::to_text(protocol::to_json(j.scope)));
-    st.bind(6, protocol::to_text(command));
+    st.bind(5, stored_json(protocol::to_json(j.scope), "the shell job's scope"));
+    st.bind(6, stored_json(command, "the shell job's command"));
     st.bind(7, now);
     st.bind(8, now);
     if (st.exec() != 1)
@@ -322,7 +322,9 @@ awaitable<result<std::optional<receipt>>> task_store::finish(
     tw.kind = "shell";
     tw.state = std::string(to_string(terminal));
     tw.transition = transition_of(terminal);
-    if (completion) tw.completion = protocol::to_text(protocol::sandbox::to_json(*completion));
+    if (completion)
+      tw.completion =
+          stored_json(protocol::sandbox::to_json(*completion), "the shell job's completion");
     tw.receipt_body = body;
     auto won = terminal_transition(db, tw);
     if (!won) return std::optional<receipt>{};  // the first terminal one won already

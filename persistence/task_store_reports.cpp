@@ -8,6 +8,7 @@
 #include "tether/persistence/task_store.hpp"
 #include "tether/persistence/task_transitions.hpp"
 #include "tether/protocol/json.hpp"
+#include "tether/protocol/output_tail.hpp"
 #include "tether/protocol/payloads.hpp"
 #include "tether/protocol/scope.hpp"
 #include "tether/runtime/clock.hpp"
@@ -50,7 +51,8 @@ std::optional<std::string> opt_text(const SQLite::Column& c) {
 }
 
 std::string job_payload_text(const job_row& r) {
-  return protocol::to_text(protocol::to_json(protocol::job_payload{r.description}));
+  return stored_json(protocol::to_json(protocol::job_payload{r.description}),
+                     "the job's description");
 }
 
 // Appends one message inside the caller's transaction; returns its seq.
@@ -77,6 +79,7 @@ void insert_message(SQLite::Database& db, const std::string& s, std::int64_t seq
   ins.bind(3, role);
   ins.bind(4, kind);
   ins.bind(5, status);
+  if (protocol::first_invalid_utf8(text)) require_utf8(text, "the " + kind + " message's text");
   ins.bind(6, protocol::to_text(protocol::to_json(protocol::message_payload{text})));
   ins.exec();
 }
@@ -154,7 +157,8 @@ void insert_subagent_started(SQLite::Database& db, const job_row& r) {
   auto scope = parent_scope(db, *r.parent);
   if (!scope) return;
   insert_receipt_row(db, r.id, protocol::transition::started,
-                     protocol::to_text(protocol::to_json(*scope)), "started", "acked");
+                     stored_json(protocol::to_json(*scope), "the receipt's scope"), "started",
+                     "acked");
 }
 
 void insert_session(SQLite::Database& db, const session_row& r) {
@@ -180,7 +184,7 @@ void insert_session(SQLite::Database& db, const session_row& r) {
   st.bind(8, r.job_notify ? 1 : 0);
   st.bind(9, r.job_policy);
   if (r.policy)
-    st.bind(10, protocol::to_text(protocol::to_json(*r.policy)));
+    st.bind(10, stored_json(protocol::to_json(*r.policy), "the session's policy"));
   else
     st.bind(10);
   st.bind(11, r.depth);

@@ -103,7 +103,8 @@ void admit_step(SQLite::Database& db, const job_id& run, const job_id& step,
       "?, ?, ? FROM tasks WHERE id = ? AND kind = 'sop_run'");
   auto now = now_ms();
   st.bind(1, step.str());
-  st.bind(2, protocol::to_text(json::object{{"run", run.str()}, {"preview", preview}}));
+  st.bind(2, stored_json(json::object{{"run", run.str()}, {"preview", preview}},
+                         "the SOP step's preview"));
   st.bind(3, now);
   st.bind(4, now);
   st.bind(5, run.str());
@@ -236,8 +237,8 @@ awaitable<result<void>> task_store::sop_admit(sop_run_row run, std::string actor
     st.bind(2, run.scope.tenant.str());
     st.bind(3, thread_of(run.sop));
     st.bind(4, run.id.str());
-    st.bind(5, protocol::to_text(protocol::to_json(run.scope)));
-    st.bind(6, protocol::to_text(progress));
+    st.bind(5, stored_json(protocol::to_json(run.scope), "the SOP run's scope"));
+    st.bind(6, stored_json(progress, "the SOP run's progress"));
     st.bind(7, now);
     st.bind(8, now);
     if (st.exec() != 1)
@@ -388,7 +389,7 @@ awaitable<result<std::int64_t>> task_store::sop_save_run(sop_save s) {
         "UPDATE tasks SET payload = ?, revision = ?, owner = CASE WHEN ? THEN NULL ELSE owner "
         "END, lease_until = CASE WHEN ? THEN NULL ELSE lease_until END, updated_at = ? WHERE id "
         "= ? AND revision = ?");
-    up.bind(1, protocol::to_text(s.progress));
+    up.bind(1, stored_json(s.progress, "the SOP run's progress"));
     up.bind(2, next);
     up.bind(3, s.release_claim || s.terminal ? 1 : 0);
     up.bind(4, s.release_claim || s.terminal ? 1 : 0);

@@ -4,11 +4,29 @@
 
 #include "tether/persistence/writer.hpp"
 #include "tether/protocol/json.hpp"
+#include "tether/protocol/output_tail.hpp"
 #include "tether/runtime/clock.hpp"
 
 namespace tether::persistence {
 
 using runtime::now_ms;
+
+void require_utf8(std::string_view text, std::string_view what) {
+  auto bad = protocol::first_invalid_utf8(text);
+  if (!bad) return;
+  static constexpr char hex[] = "0123456789ABCDEF";
+  auto b = static_cast<unsigned char>(text[*bad]);
+  throw error_exception(error{
+      errc::invalid, std::string(what) + " is not valid UTF-8 (byte 0x" + hex[b >> 4] +
+                         hex[b & 15] + " at offset " + std::to_string(*bad) + " of " +
+                         std::to_string(text.size()) + "); nothing of this request was written"});
+}
+
+std::string stored_json(const protocol::json::value& v, std::string_view what) {
+  auto text = protocol::to_text(v);
+  require_utf8(text, what);
+  return text;
+}
 
 std::optional<protocol::owner_scope> parent_scope(SQLite::Database& db,
                                                   const protocol::session_id& parent) {
@@ -41,7 +59,7 @@ std::string receipt_scope(SQLite::Database& db, const protocol::job_id& task,
     s.thread = *parent;
     if (auto p = parent_scope(db, *parent)) s = std::move(*p);
   }
-  return protocol::to_text(protocol::to_json(s));
+  return stored_json(protocol::to_json(s), "the receipt's scope");
 }
 
 std::int64_t insert_receipt_row(SQLite::Database& db, const protocol::job_id& task,
@@ -91,9 +109,11 @@ std::optional<terminal_written> terminal_transition(SQLite::Database& db, const 
     up.bind(2, *w.body);
   else
     up.bind(2);
-  if (w.completion)
+  if (w.completion) {
+    if (protocol::first_invalid_utf8(*w.completion))
+      require_utf8(*w.completion, "the " + std::string(w.kind) + " task's completion");
     up.bind(3, *w.completion);
-  else
+  } else
     up.bind(3);
   up.bind(4, now_ms());
   up.bind(5, w.task.str());

@@ -14,6 +14,7 @@
 #include "tether/persistence/database.hpp"
 #include "tether/persistence/task_store.hpp"
 #include "tether/protocol/ids.hpp"
+#include "tether/protocol/json.hpp"
 #include "tether/protocol/notice.hpp"
 #include "tether/protocol/scope.hpp"
 
@@ -59,6 +60,16 @@ struct terminal_written;
 /// The receipt a won terminal transition wrote, for the caller to hand over.
 result<receipt> receipt_of(const protocol::job_id& id, protocol::transition t,
                            const terminal_written& won, std::string body);
+
+/// Throws error_exception (errc::invalid, rolling back the caller's
+/// request) unless `text` is valid UTF-8. Every payload column holds JSON
+/// that its readers parse strictly, so a row holding other bytes would be
+/// refused by every read after it committed (a session's input, its every
+/// later drain). `what` names the text in the error.
+void require_utf8(std::string_view text, std::string_view what);
+/// The JSON text of `v` for a payload column, refused as require_utf8 says
+/// (the JSON around the strings is ASCII: a bad byte is in one of them).
+std::string stored_json(const protocol::json::value& v, std::string_view what);
 
 /// Throws error_exception (errc::conflict, rolling back the caller's
 /// request) unless `goal` is a running goal: a task joins a goal in the

@@ -123,6 +123,19 @@ std::string bounded_text(std::string_view s, std::size_t max) {
   return out;
 }
 
+std::optional<std::size_t> first_invalid_utf8(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    if (static_cast<unsigned char>(s[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t n = utf8_seq(s, i);
+    if (n == 0) return i;
+    i += n;
+  }
+  return std::nullopt;
+}
+
 std::string utf8_sanitize(std::string_view s) {
   std::string out;
   out.reserve(s.size());

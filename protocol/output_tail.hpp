@@ -6,6 +6,7 @@
 // from where it stopped even after the middle of a long stream was dropped.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -72,6 +73,11 @@ tail_excerpt make_tail(std::string_view last_bytes, std::uint64_t total_bytes,
 /// The longest prefix of `s` no longer than `max` bytes that does not split a
 /// UTF-8 sequence.
 std::string_view utf8_prefix(std::string_view s, std::size_t max);
+
+/// The offset of the first byte of `s` that does not begin a valid UTF-8
+/// sequence (overlong forms, surrogates and code points past U+10FFFF are
+/// invalid), or nothing when all of `s` is valid.
+std::optional<std::size_t> first_invalid_utf8(std::string_view s);
 
 /// `s` with every invalid UTF-8 sequence replaced by U+FFFD.
 std::string utf8_sanitize(std::string_view s);

@@ -121,8 +121,11 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a prompt whose text is not UTF-8 is refused by the drain's read as a bad row and never "
-    "given to the agent, though its claim appended it alone") {
+    "a prompt whose text is not UTF-8 is refused before it is written, and the session's next "
+    "prompt runs") {
+  // Regression: the prompt used to be written, its row then refused by every
+  // read of the drain, so this and every later busy period of the session
+  // ended "error" on the same row.
   report_fixture f("notutf8");
   auto solo = f.code("solo");
   std::vector<std::string> inputs;
@@ -132,13 +135,81 @@ TEST_CASE(
   };
   auto s = f.sync(f.host->create_session("solo", session_id("solo")));
   REQUIRE(s);
-  REQUIRE(f.sync(f.host->prompt(*s, std::string("bad \xff byte"))));
+  auto bad = f.sync(f.host->prompt(*s, std::string("bad \xff byte")));
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().code == errc::invalid);
+  CHECK(bad.error().message.find("not valid UTF-8 (byte 0xFF at offset 4 of 10)") !=
+        std::string::npos);
+  CHECK(bad.error().message.find("nothing of this request was written") != std::string::npos);
   f.quiet();
   CHECK(inputs.empty());
+  auto msgs = f.host->store().messages(*s);
+  REQUIRE(msgs);
+  CHECK(msgs->empty());
+  // A steer to the idle session takes the same claim.
+  CHECK_FALSE(f.sync(f.host->prompt(*s, std::string("\xe2\x82"), true)));
+  REQUIRE(f.sync(f.host->prompt(*s, "good \xe2\x82\xac")));
+  f.quiet();
+  CHECK(inputs == std::vector<std::string>{"good \xe2\x82\xac"});
   auto row = f.host->store().session(*s);
   REQUIRE(row);
   REQUIRE(*row);
-  CHECK((*row)->idle_outcome == std::optional<std::string>("error"));
+  CHECK((*row)->idle_outcome == std::optional<std::string>("completed"));
+}
+
+TEST_CASE(
+    "an answer, a spawn's prompt or a job description that is not UTF-8 is refused to the agent "
+    "with nothing written, and the busy period goes on") {
+  report_fixture f("notutf8agent");
+  auto parent = f.code("parent");
+  std::vector<error> refused;
+  parent->fn = [&](agent_context& ctx, drain_input in) -> boost::asio::awaitable<void> {
+    if (in.inputs.empty() || in.inputs.front().kind != "prompt") co_return;
+    auto said = co_await ctx.say(std::string("half a \xc3"));
+    if (!said) refused.push_back(said.error());
+    actors::spawn_request bad_prompt;
+    bad_prompt.child = session_id("child1");
+    bad_prompt.description = "fine";
+    bad_prompt.prompt = std::string("\xed\xa0\x80 a surrogate");
+    auto c1 = co_await ctx.spawn_background(std::move(bad_prompt));
+    if (!c1) refused.push_back(c1.error());
+    actors::spawn_request bad_description;
+    bad_description.child = session_id("child2");
+    bad_description.description = std::string("over\xc0\xaflong");
+    bad_description.prompt = "go";
+    auto c2 = co_await ctx.spawn_background(std::move(bad_description));
+    if (!c2) refused.push_back(c2.error());
+    co_await ctx.say("still here");
+  };
+  auto p = f.sync(f.host->create_session("parent", session_id("parent")));
+  REQUIRE(p);
+  REQUIRE(f.sync(f.host->prompt(*p, "start")));
+  f.quiet();
+  REQUIRE(refused.size() == 3);
+  for (auto& e : refused) {
+    CHECK(e.code == errc::invalid);
+    CHECK(e.message.find("not valid UTF-8") != std::string::npos);
+  }
+  CHECK(refused[0].message.find("offset 7") != std::string::npos);
+  CHECK(refused[2].message.find("description") != std::string::npos);
+  // Neither child exists: each spawn's transaction was rolled back whole.
+  for (auto c : {"child1", "child2"}) {
+    auto row = f.host->store().session(session_id(c));
+    REQUIRE(row);
+    CHECK_FALSE(*row);
+  }
+  auto jobs = f.host->store().outstanding_jobs();
+  REQUIRE(jobs);
+  CHECK(jobs->empty());
+  auto msgs = f.host->store().messages(*p);
+  REQUIRE(msgs);
+  REQUIRE(msgs->size() == 2);
+  CHECK((*msgs)[0].text == "start");
+  CHECK((*msgs)[1].text == "still here");
+  auto row = f.host->store().session(*p);
+  REQUIRE(row);
+  REQUIRE(*row);
+  CHECK((*row)->idle_outcome == std::optional<std::string>("completed"));
 }
 
 TEST_CASE("started records the session's durable sequence number as startedSeq") {

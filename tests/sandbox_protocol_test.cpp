@@ -241,6 +241,20 @@ TEST_CASE("the notice tail is the last lines, bounded in bytes, cut on a UTF-8 b
   CHECK(utf8_sanitize("ok\xff") == "ok\xEF\xBF\xBD");
 }
 
+TEST_CASE("first_invalid_utf8 finds the first byte that begins no valid UTF-8 sequence") {
+  using opt = std::optional<std::size_t>;
+  CHECK(first_invalid_utf8("") == opt{});
+  CHECK(first_invalid_utf8("plain ascii\n\t") == opt{});
+  CHECK(first_invalid_utf8("\xC3\xA9t\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80") == opt{});
+  CHECK(first_invalid_utf8("ab\xFF") == opt{2});
+  CHECK(first_invalid_utf8("ab\xE2\x82") == opt{2});              // cut at the end
+  CHECK(first_invalid_utf8("\xC0\xAF") == opt{0});                // overlong '/'
+  CHECK(first_invalid_utf8("x\xED\xA0\x80") == opt{1});           // a UTF-16 surrogate
+  CHECK(first_invalid_utf8("\xF4\x90\x80\x80") == opt{0});        // past U+10FFFF
+  CHECK(first_invalid_utf8("\xE2\x82\xAC\x80") == opt{3});        // a stray continuation
+  CHECK(first_invalid_utf8(std::string("nul\0ok", 6)) == opt{});  // NUL is valid UTF-8
+}
+
 TEST_CASE("a tail of invalid UTF-8 still counts the earlier bytes it left out", "[sandbox]") {
   const std::string ff(100000, '\xFF');
   auto t = make_tail(std::string_view(ff).substr(ff.size() - 4104), ff.size(), 40, 4096);
