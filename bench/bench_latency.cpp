@@ -36,6 +36,12 @@
 //     capacity the open loop ran against was still the one it was sized
 //     from (a parent's inbox only grows over the run);
 //     load_vs_max_after = offered rate / max_rate_after.
+//   Last (the open loop's commits on the bare disk): a plain connection
+//     commits transactions that each write as many pages (WAL frames) as the
+//     open loop's transactions wrote on average, for a second; their COMMIT
+//     latency is what a commit the size of the runtime's costs this disk. A
+//     settle waits for the commit in flight and then commits in the next,
+//     so its latency is at least about one and a half of these.
 // Between phases the host is quiescent, so each busy period belongs to one
 // phase. The default run takes about 22 s.
 //
@@ -70,6 +76,8 @@
 //
 // The last line is one JSON object {"bench":"latency",...}: p50_ms, p99_ms
 // and max_ms are phase B's settle -> admitted, closed_loop_* phase A's;
+// open_loop_pages_per_transaction and raw_commit_p50_ms_at_those_pages are
+// the last measurement's;
 // p50_target_met (p50 <= 1 ms) and p99_target_met (p99 <= 5 ms) are phase B's.
 #include <SQLiteCpp/Database.h>
 #include <SQLiteCpp/Statement.h>
@@ -536,6 +544,58 @@ std::vector<double> raw_commit_ms(const std::string& path, double seconds) {
   return ms;
 }
 
+// The disk's cost of a commit the size of the runtime's: transactions that
+// each rewrite `pages` distinct rows, chosen at random, of a table laid out
+// one row per page (a 3,000-byte row in a 4 KiB page), each with fresh random
+// bytes (SQLite skips a rewrite that leaves a page's bytes unchanged). An
+// in-place update of a row of the same size dirties its leaf alone, so each
+// COMMIT appends and syncs `pages` WAL frames, as a runtime transaction that
+// wrote that many does. Returns each COMMIT's latency in ms, for `seconds`
+// (at least 20). The WAL is copied back and truncated outside the timing,
+// every 1,000 frames: the runtime's checkpoints run off its commit path too.
+std::vector<double> raw_commit_pages_ms(const std::string& path, int pages, double seconds) {
+  SQLite::Database db(path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+  db.exec("PRAGMA journal_mode = WAL");
+  db.exec("PRAGMA synchronous = FULL");
+  db.exec("PRAGMA wal_autocheckpoint = 0");
+  db.exec("CREATE TABLE IF NOT EXISTS p(id INTEGER PRIMARY KEY, pad BLOB NOT NULL)");
+  const int rows = std::max(4096, pages * 16);
+  {
+    SQLite::Statement fill(db,
+                           "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE "
+                           "i < ?) INSERT INTO p SELECT i, randomblob(3000) FROM c");
+    fill.bind(1, rows);
+    db.exec("BEGIN");
+    fill.exec();
+    db.exec("COMMIT");
+    db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+  }
+  SQLite::Statement up(db, "UPDATE p SET pad = randomblob(3000) WHERE id = ?");
+  std::mt19937 rng(20261205);
+  std::uniform_int_distribution<int> pick(1, rows);
+  std::vector<double> ms;
+  int frames = 0;
+  auto deadline = clock::now() + secs(seconds);
+  while (ms.size() < 20 || clock::now() < deadline) {
+    std::set<int> ids;
+    while (static_cast<int>(ids.size()) < pages) ids.insert(pick(rng));
+    db.exec("BEGIN");
+    for (int id : ids) {
+      up.reset();
+      up.bind(1, id);
+      up.exec();
+    }
+    auto t0 = clock::now();
+    db.exec("COMMIT");
+    ms.push_back(ms_between(t0, clock::now()));
+    if ((frames += pages) >= 1000) {
+      db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+      frames = 0;
+    }
+  }
+  return ms;
+}
+
 // A closed-loop phase: one driver per live child, prompting it again as soon
 // as it is idle, until `seconds` passed; then quiescence. Returns the reports
 // admitted per second in the steady window (from `warmup` after the start to
@@ -774,6 +834,17 @@ int main(int argc, char** argv) {
               static_cast<double>(o.reports) /
                   static_cast<double>(std::max<std::size_t>(1, o.parent_drains)),
               "reports/drain");
+  // The open loop's commits on the bare disk: a raw transaction writing as
+  // many pages as the open loop's transactions wrote on average.
+  double open_frames_per_tx = static_cast<double>(b.stats.frames_written) /
+                              static_cast<double>(std::max<std::uint64_t>(1, b.stats.transactions));
+  int raw_pages = std::max(1, static_cast<int>(open_frames_per_tx + 0.5));
+  auto raw_at = raw_commit_pages_ms(dir + "/raw_pages.db", raw_pages, 1.0);
+  double raw_at_p50 = bench::percentile(raw_at, 50);
+  bench::emit(k_bench, "open_loop_wal_frames_per_transaction", open_frames_per_tx,
+              "pages/transaction");
+  bench::emit(k_bench, "raw_commit_at_open_loop_pages_p50", raw_at_p50, "ms");
+  bench::emit(k_bench, "raw_commit_at_open_loop_pages_p99", bench::percentile(raw_at, 99), "ms");
   bench::emit(k_bench, "ok", o.ok ? 1 : 0, "bool");
 
   double p50 = bench::percentile(b.total_ms, 50);
@@ -789,7 +860,9 @@ int main(int argc, char** argv) {
       "\"max_rate_after_per_s\":%s,\"load_vs_max_after\":%s,"
       "\"late_arrivals\":%zu,\"p50_ms\":%s,\"p99_ms\":%s,\"max_ms\":%s,"
       "\"closed_loop_p50_ms\":%s,\"closed_loop_p99_ms\":%s,\"closed_loop_max_ms\":%s,"
-      "\"raw_commit_p50_ms\":%s,\"cpu_us_per_report\":%s,\"closed_loop_cpu_us_per_report\":%s,"
+      "\"raw_commit_p50_ms\":%s,\"open_loop_pages_per_transaction\":%s,"
+      "\"raw_commit_p50_ms_at_those_pages\":%s,"
+      "\"cpu_us_per_report\":%s,\"closed_loop_cpu_us_per_report\":%s,"
       "\"p50_target_met\":%s,\"p99_target_met\":%s,\"ok\":%s}\n",
       s.parents, o.spawned, bench::number(o.max_rate).c_str(), bench::number(s.load).c_str(),
       bench::number(offered).c_str(), bench::number(achieved).c_str(),
@@ -799,6 +872,7 @@ int main(int argc, char** argv) {
       bench::number(bench::percentile(a.total_ms, 50)).c_str(),
       bench::number(bench::percentile(a.total_ms, 99)).c_str(),
       bench::number(bench::percentile(a.total_ms, 100)).c_str(), bench::number(raw_p50).c_str(),
+      bench::number(open_frames_per_tx).c_str(), bench::number(raw_at_p50).c_str(),
       bench::number(cpu_per(b)).c_str(), bench::number(cpu_per(a)).c_str(),
       p50 <= 1.0 ? "true" : "false", p99 <= 5.0 ? "true" : "false", o.ok ? "true" : "false");
   std::fflush(stdout);
