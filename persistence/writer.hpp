@@ -25,14 +25,22 @@
 // it seldom leaves the WAL wholly copied when a transaction begins, the only
 // moment SQLite restarts the WAL from its start. It runs again while an
 // eighth of the size or more was committed meanwhile; once less is left, the
-// writer copies that itself between two transactions, and the next one
-// restarts the WAL. At twice the size (the checkpointer could not run) the
-// writer copies what it can itself: the WAL stays bounded.
+// writer copies that itself at the end of a commit that no request is queued
+// behind (the copy syncs the database file, and whoever waits behind it
+// waits for that), and the next transaction restarts the WAL. At twice the
+// size (under load without a pause, or the checkpointer could not run) the
+// writer copies what it can itself anyway: the WAL stays bounded.
+//
+// Answers: a request submitted with a home executor (every write()) is
+// answered and destroyed on it, the requests of one executor in one
+// hand-off per batch; one without (submit()) is answered on this thread.
 #include <SQLiteCpp/Database.h>
 #include <SQLiteCpp/Statement.h>
 
 #include <atomic>
+#include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <chrono>
 #include <condition_variable>
@@ -62,6 +70,9 @@ struct request {
   virtual ~request() = default;
   std::string name;
   std::size_t bytes = 0;
+  /// The requester's executor, when it has one: the request is answered and
+  /// destroyed there (see writer::run_batch), not on the writer thread.
+  std::optional<asio::any_io_executor> home;
   // Runs inside the batch's transaction (on a re-run, inside the request's
   // savepoint). An error (returned or thrown) has what it wrote rolled back.
   // May be called twice, the first run rolled back.
@@ -113,24 +124,31 @@ class writer {
   writer& operator=(const writer&) = delete;
 
   /// Queues `fn(db)` (returning T or result<T>) as one write operation and
-  /// returns a handle that resolves after its transaction committed.
+  /// returns a handle that resolves after its transaction committed. With a
+  /// `home` executor the handle is set, and the request destroyed, on it
+  /// (one hand-off per executor per batch); without one, on the writer
+  /// thread.
   template <class F>
-  auto submit(std::string name, std::size_t bytes, F fn) {
+  auto submit(std::string name, std::size_t bytes, F fn,
+              std::optional<asio::any_io_executor> home = std::nullopt) {
     using raw = std::invoke_result_t<const F&, SQLite::Database&>;
     using T = typename detail::unwrap_result<raw>::type;
     auto st = runtime::one_shot<result<T>>::make();
     auto req = std::make_unique<op<T, F>>(std::move(fn), st);
     req->name = std::move(name);
     req->bytes = bytes;
+    req->home = std::move(home);
     enqueue(std::move(req));
     return st;
   }
 
-  /// The awaitable form of submit().
+  /// The awaitable form of submit(), answered on the awaiting coroutine's
+  /// executor.
   template <class F>
   auto write(std::string name, std::size_t bytes, F fn) -> awaitable<result<
       typename detail::unwrap_result<std::invoke_result_t<const F&, SQLite::Database&>>::type>> {
-    auto st = submit(std::move(name), bytes, std::move(fn));
+    asio::any_io_executor home = co_await asio::this_coro::executor;
+    auto st = submit(std::move(name), bytes, std::move(fn), std::move(home));
     co_return co_await st->async_wait(asio::use_awaitable);
   }
 

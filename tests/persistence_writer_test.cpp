@@ -4,6 +4,7 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <boost/asio/detached.hpp>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <thread>
 
 #include "catch_result.hpp"
 #include "support.hpp"
@@ -807,6 +809,86 @@ TEST_CASE("the writer counts the WAL frames its commits wrote, across restarts o
       CHECK(wrote == static_cast<std::uint64_t>(after.wal_frames));
   }
   CHECK(restarts >= 5);
+}
+
+TEST_CASE(
+    "a commit with a request queued behind it leaves the WAL's last frames to a later commit, and "
+    "the "
+    "first with none queued copies them") {
+  test::scratch_dir dir("catchuppause");
+  auto path = dir.file("t.db");
+  // The writer copies the rest itself when under an eighth is left: 20
+  // frames here.
+  constexpr int size = 160;
+  auto w = open_writer(path, size);
+  create_table(*w);
+  // Up to the checkpoint size with the checkpointer held, a reader's
+  // snapshot taken a few frames before it: the checkpointer's one pass then
+  // copies the frames up to the snapshot and leaves those after it (fewer
+  // than the writer copies itself). Held again, it runs no other pass.
+  w->hold_checkpoints(true);
+  int k = 0;
+  while (w->stats().wal_frames < size - 6) commit_big_row(*w, k++);
+  SQLite::Database reader(path, SQLite::OPEN_READONLY);
+  reader.exec("BEGIN");
+  REQUIRE(reader.execAndGet("SELECT count(*) FROM t").getInt() == k);
+  while (w->stats().wal_frames < size) commit_big_row(*w, k++);
+  w->hold_checkpoints(false);
+  REQUIRE(w->wait_checkpoints(1, std::chrono::seconds(30)));
+  w->hold_checkpoints(true);
+  reader.exec("COMMIT");
+  REQUIRE(w->stats().writer_checkpoints == 0);
+
+  // Two small rows, the second queued while the first's batch runs (a leaf
+  // and its parent each at most: the frames left stay under 20).
+  auto small_row = [](int key, std::promise<void>* inside, std::shared_future<void> released) {
+    return [key, inside, released](SQLite::Database& db) {
+      SQLite::Statement ins(db, "INSERT INTO t (k, v) VALUES (?, 'x')");
+      ins.bind(1, key);
+      ins.exec();
+      inside->set_value();
+      released.wait();
+    };
+  };
+  std::promise<void> in_a, go_a, in_b, go_b;
+  auto a = w->submit("a", 8, small_row(100000, &in_a, go_a.get_future().share()));
+  in_a.get_future().wait();
+  auto b = w->submit("b", 8, small_row(100001, &in_b, go_b.get_future().share()));
+  go_a.set_value();
+  in_b.get_future().wait();                   // a committed, b's batch runs
+  CHECK(w->stats().writer_checkpoints == 0);  // b was queued behind a's commit
+  REQUIRE(test::run(a->async_wait(asio::use_awaitable)));
+  go_b.set_value();
+  REQUIRE(test::run(b->async_wait(asio::use_awaitable)));
+  CHECK(w->stats().writer_checkpoints == 1);  // nothing queued behind b's
+  // The next transaction found the WAL wholly copied and restarted it.
+  auto before = w->stats().wal_frames;
+  commit_big_row(*w, k++);
+  CHECK(w->stats().wal_frames < before);
+  CHECK(count_rows(path) == k + 2);
+}
+
+TEST_CASE(
+    "a write is answered, and its request destroyed, on the awaiting coroutine's thread, not on "
+    "the writer's") {
+  test::scratch_dir dir("home");
+  auto w = open_writer(dir.file("t.db"));
+  create_table(*w);
+  std::atomic<std::thread::id> ran_on{}, destroyed_on{};
+  auto write = [&]() -> asio::awaitable<result<void>> {
+    // The deleter runs when the request, which holds the only copy, goes.
+    std::shared_ptr<void> witness(nullptr,
+                                  [&](void*) { destroyed_on = std::this_thread::get_id(); });
+    auto fn = [&ran_on, witness](SQLite::Database& db) {
+      db.exec("INSERT INTO t (k, v) VALUES (1, 'x')");
+      ran_on = std::this_thread::get_id();
+    };
+    witness.reset();
+    co_return co_await w->write("witnessed", 8, std::move(fn));
+  };
+  REQUIRE(test::run(write()));
+  CHECK(ran_on.load() != std::this_thread::get_id());  // the writer thread ran it
+  CHECK(destroyed_on.load() == std::this_thread::get_id());
 }
 
 TEST_CASE("under commits with no pause the WAL stays bounded: the writer copies the rest itself") {
