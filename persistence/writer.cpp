@@ -93,7 +93,51 @@ writer::~writer() {
   stop();
 }
 
-int writer::wal_hook(void* self, sqlite3* db, const char* name, int frames) {
+namespace {
+
+// Set by wal_hook, inside a COMMIT on the writer's thread; run_batch, on that
+// thread, runs the copy once the batch's answers are handed off.
+thread_local bool t_catch_up_due = false;
+
+// A committed (or failed) request and what it is answered.
+struct outcome {
+  std::unique_ptr<detail::request> r;
+  std::optional<error> err;
+  void deliver() {
+    if (err)
+      r->fail(*err);
+    else
+      r->answer();
+  }
+};
+
+// One executor's answers of a batch, handed to it in one post. Run, it
+// answers them in batch order and destroys the requests on that thread.
+// Dropped unrun (its executor was stopped and its queue is being destroyed),
+// its destructor answers them all the same: each waiter's resumption is then
+// posted into that queue and destroyed with it, which frees the waiting
+// coroutine, as when the writer thread answered it directly. (Unanswered, the
+// coroutine frame and its one_shot would hold each other forever.)
+class answers {
+ public:
+  explicit answers(std::vector<outcome> o) : outcomes_(std::move(o)) {}
+  answers(answers&&) noexcept = default;
+  answers& operator=(answers&&) = delete;
+  ~answers() { deliver(); }
+  void operator()() { deliver(); }
+
+ private:
+  void deliver() {
+    auto all = std::move(outcomes_);  // none is answered twice
+    outcomes_.clear();
+    for (auto& o : all) o.deliver();
+  }
+  std::vector<outcome> outcomes_;
+};
+
+}  // namespace
+
+int writer::wal_hook(void* self, sqlite3*, const char*, int frames) {
   auto* w = static_cast<writer*>(self);
   int size = w->opts_.checkpoint_frames;
   int small = std::max(1, size / 8);
@@ -104,31 +148,26 @@ int writer::wal_hook(void* self, sqlite3* db, const char* name, int frames) {
     w->stats_.wal_frames = frames;
     auto phase = w->checkpoint_;
     int left = frames - w->wal_copied_;
-    if (phase == checkpoint_phase::idle && w->wal_copied_ > 0 && left < small) {
-      // The checkpointer copied all but a little: copy that here, so the
-      // next transaction finds the WAL wholly copied and restarts it. Only
-      // when no request waits: the copy syncs the database file inside this
-      // COMMIT, and every request queued behind it would wait for that (it
+    if (frames >= 2 * size && phase != checkpoint_phase::running) {
+      // Twice the size: a load without a pause, or a checkpointer that did
+      // not run. The writer copies what it can, whoever waits: the bound.
+      catch_up = true;
+    } else if (phase == checkpoint_phase::idle && w->wal_copied_ > 0 && left < small) {
+      // The checkpointer copied all but a little: the writer copies that, so
+      // the next transaction finds the WAL wholly copied and restarts it.
+      // Only when no request is queued behind this commit: the copy syncs
+      // the database file, and every queued request would wait for that (it
       // was bench_commit's p99 with 1,024 requesters). Under load the WAL
-      // grows on until a pause, or until twice the size.
-      catch_up = w->queue_.empty() || frames >= 2 * size;
+      // grows on until a pause, or until the bound above.
+      catch_up = w->queue_.empty();
     } else if (phase == checkpoint_phase::idle && frames >= size) {
       w->checkpoint_ = checkpoint_phase::wanted;
       w->checkpoint_cv_.notify_all();
-    } else if (frames >= 2 * size && phase != checkpoint_phase::running) {
-      catch_up = true;  // the checkpointer did not run: bound the WAL here
     }
   }
-  if (catch_up) {
-    int log = 0, copied = 0;
-    // PASSIVE: waits for no reader; what a reader still needs stays in the WAL.
-    if (sqlite3_wal_checkpoint_v2(db, name, SQLITE_CHECKPOINT_PASSIVE, &log, &copied) ==
-        SQLITE_OK) {
-      std::lock_guard lk(w->m_);
-      w->stats_.writer_checkpoints++;
-      w->wal_copied_ = 0;  // restarted by the next transaction (unless a reader holds it)
-    }
-  }
+  // Not here, inside the COMMIT: run_batch copies once this batch's answers
+  // are handed off, so its requesters do not wait for the sync either.
+  if (catch_up) t_catch_up_due = true;
   return SQLITE_OK;
 }
 
@@ -389,21 +428,12 @@ void writer::run_batch(std::deque<std::unique_ptr<detail::request>>& batch) {
     if (commit_err) stats_.failed_commits++;
   }
   // A request with a home executor is answered and destroyed there, those
-  // of one executor together in one hand-off. Answering each from here took
-  // the executor's scheduler lock and woke it once per request, and
-  // destroying each here freed memory its requester's thread had allocated,
-  // which contends for that thread's malloc arena: with 1,024 requesters
-  // (bench_commit) the two were about a quarter of the writer thread's time.
-  struct outcome {
-    std::unique_ptr<detail::request> r;
-    std::optional<error> err;
-    void deliver() {
-      if (err)
-        r->fail(*err);
-      else
-        r->answer();
-    }
-  };
+  // of one executor together in one hand-off (answers, above). Answering
+  // each from here took the executor's scheduler lock and woke it once per
+  // request, and destroying each here freed memory its requester's thread
+  // had allocated, which contends for that thread's malloc arena: with 1,024
+  // requesters (bench_commit) the two were about a quarter of the writer
+  // thread's time.
   std::vector<std::pair<asio::any_io_executor, std::vector<outcome>>> homes;
   for (std::size_t i = 0; i < batch.size(); ++i) {
     outcome o{std::move(batch[i]), commit_err ? commit_err : std::move(errors[i])};
@@ -419,11 +449,17 @@ void writer::run_batch(std::deque<std::unique_ptr<detail::request>>& batch) {
     }
     at->second.push_back(std::move(o));
   }
-  for (auto& [ex, outcomes] : homes) {
-    asio::post(ex, [outcomes = std::move(outcomes)]() mutable {
-      for (auto& o : outcomes) o.deliver();
-      outcomes.clear();  // the requests go here, on their requesters' thread
-    });
+  for (auto& [ex, outcomes] : homes) asio::post(ex, answers(std::move(outcomes)));
+  if (t_catch_up_due) {
+    t_catch_up_due = false;
+    int log = 0, copied = 0;
+    // PASSIVE: waits for no reader; what a reader still needs stays in the WAL.
+    if (sqlite3_wal_checkpoint_v2(db.getHandle(), nullptr, SQLITE_CHECKPOINT_PASSIVE, &log,
+                                  &copied) == SQLITE_OK) {
+      std::lock_guard lk(m_);
+      stats_.writer_checkpoints++;
+      wal_copied_ = 0;  // restarted by the next transaction (unless a reader holds it)
+    }
   }
 }
 

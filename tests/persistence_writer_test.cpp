@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <chrono>
 #include <cstdio>
@@ -860,10 +861,12 @@ TEST_CASE(
   REQUIRE(test::run(a->async_wait(asio::use_awaitable)));
   go_b.set_value();
   REQUIRE(test::run(b->async_wait(asio::use_awaitable)));
-  CHECK(w->stats().writer_checkpoints == 1);  // nothing queued behind b's
-  // The next transaction found the WAL wholly copied and restarted it.
+  // Nothing was queued behind b's commit: the writer copied the rest once
+  // b's batch was answered, before it took the next, whose transaction then
+  // found the WAL wholly copied and restarted it.
   auto before = w->stats().wal_frames;
   commit_big_row(*w, k++);
+  CHECK(w->stats().writer_checkpoints == 1);
   CHECK(w->stats().wal_frames < before);
   CHECK(count_rows(path) == k + 2);
 }
@@ -889,6 +892,46 @@ TEST_CASE(
   REQUIRE(test::run(write()));
   CHECK(ran_on.load() != std::this_thread::get_id());  // the writer thread ran it
   CHECK(destroyed_on.load() == std::this_thread::get_id());
+}
+
+TEST_CASE(
+    "a write whose executor was stopped before its answer ran is answered as that executor goes, "
+    "so the waiting coroutine is freed") {
+  test::scratch_dir dir("stoppedhome");
+  auto w = open_writer(dir.file("t.db"));
+  create_table(*w);
+  std::atomic<bool> frame_freed{false};
+  std::promise<void> inside, release;
+  auto released = release.get_future().share();
+  auto io = std::make_unique<asio::io_context>();
+  {
+    // The coroutine's frame holds the only copy of the witness.
+    std::shared_ptr<void> witness(nullptr, [&](void*) { frame_freed = true; });
+    std::function<void(SQLite::Database&)> fn = [&inside, released](SQLite::Database& db) {
+      db.exec("INSERT INTO t (k, v) VALUES (1, 'held')");
+      inside.set_value();
+      released.wait();
+    };
+    auto body = [](writer* w, std::shared_ptr<void> witness,
+                   std::function<void(SQLite::Database&)> fn) -> asio::awaitable<void> {
+      (void)co_await w->write("held", 8, std::move(fn));
+      witness.reset();
+    };
+    asio::co_spawn(*io, body(w.get(), std::move(witness), std::move(fn)), asio::detached);
+  }
+  io->poll();  // the coroutine submits its write and waits
+  inside.get_future().wait();
+  io->stop();  // nothing runs on it any more
+  release.set_value();
+  // A request behind the held one, answered on the writer thread: the held
+  // one's batch committed first and handed its answer to the stopped queue.
+  auto after = w->submit("after", 8, [](SQLite::Database& db) {
+    db.exec("INSERT INTO t (k, v) VALUES (2, 'after')");
+  });
+  REQUIRE(test::run(after->async_wait(asio::use_awaitable)));
+  CHECK_FALSE(frame_freed);
+  io.reset();  // its queue goes: the answer, then the coroutine it resumed
+  CHECK(frame_freed);
 }
 
 TEST_CASE("under commits with no pause the WAL stays bounded: the writer copies the rest itself") {
