@@ -159,7 +159,7 @@ bool finish_run(SQLite::Database& db, const job_id& task, const std::string& sta
   w.kind = "cron_run";
   w.state = state;
   w.transition = transition_of_word(state);
-  w.completion = stored_json(completion, "the cron run's completion");
+  w.completion = protocol::to_text(completion);  // terminal_transition checks it
   auto st = completion.if_contains("status");
   w.receipt_body = "cron run " + task.str() + ": " +
                    (st && st->is_string() ? std::string(st->as_string()) : state);

@@ -157,7 +157,7 @@ std::string completion_text(const std::string& artifact, const std::string& dige
     c["bytes"] = bytes;
   }
   if (!error.empty()) c["error"] = error;
-  return stored_json(c, "the delegate's completion");
+  return protocol::to_text(c);  // terminal_transition checks it
 }
 
 void delete_intent(SQLite::Database& db, const job_id& id) {

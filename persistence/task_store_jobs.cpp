@@ -323,8 +323,8 @@ awaitable<result<std::optional<receipt>>> task_store::finish(
     tw.state = std::string(to_string(terminal));
     tw.transition = transition_of(terminal);
     if (completion)
-      tw.completion =
-          stored_json(protocol::sandbox::to_json(*completion), "the shell job's completion");
+      tw.completion =  // terminal_transition checks it
+          protocol::to_text(protocol::sandbox::to_json(*completion));
     tw.receipt_body = body;
     auto won = terminal_transition(db, tw);
     if (!won) return std::optional<receipt>{};  // the first terminal one won already
