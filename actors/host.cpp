@@ -528,8 +528,10 @@ awaitable<void> host::deliver_owed(session_id parent, std::vector<job_row> rows,
     b.owner = parent;
     b.recovering = true;  // phases 2 and 3 wake the parent
     std::size_t end = std::min(rows.size(), at + k_chunk);
+    b.items.reserve(end - at);
     for (std::size_t i = at; i < end; ++i)
-      b.items.push_back({rows[i].nid, std::nullopt, rows[i].child, rows[i].body.value_or("")});
+      b.items.push_back({std::move(rows[i].nid), std::nullopt, std::move(rows[i].child),
+                         std::move(rows[i].body).value_or("")});
     auto n = static_cast<int>(b.items.size());
     auto task = delivery_->deliver(std::move(b));
     auto on_done = [this, parent, n, rep, m, left, all_done](std::exception_ptr e, result<int> r) {
@@ -673,18 +675,26 @@ void host::outbox_warning(boot_pages& st, const error& e) {
 awaitable<void> host::page_outbox(std::shared_ptr<boot_pages> st) {
   if (!st->last) co_return;
   auto& store = *store_;
-  // Pages grow from a small first one (the writer starts sooner) to a large
-  // one (fewer admits split across pages).
+  // A small first page (the writer starts sooner), then larger ones (fewer
+  // admits split across pages), but not so large that reading one takes
+  // longer than admitting the one before: 65,536 rows did, and the writer
+  // waited for the read.
   const std::size_t first_page = std::max<std::size_t>(opts_.boot_outbox_page, 1);
-  const std::size_t last_page = first_page * 16;
+  const std::size_t last_page = first_page * 4;
   std::size_t page_size = first_page;
-  persistence::outbox_key after{std::numeric_limits<std::int64_t>::min(), ""};
-  const persistence::outbox_key last = *st->last;
-  for (;;) {
-    auto read_page = [&store, after, &last, page_size] {
-      return store.outbox_page(after, last, page_size);
+  // Each page's read is queued as soon as the page before it came back, so
+  // it runs while that page is sorted by owner and its deliveries start.
+  // The read holds copies of its bounds: it may finish after this returns.
+  auto start_read = [&store, last = *st->last](persistence::outbox_key after, std::size_t n) {
+    auto read_page = [&store, after = std::move(after), last, n] {
+      return store.outbox_page(after, last, n);
     };
-    auto page = co_await store.offload(std::move(read_page));
+    return store.start(std::move(read_page));
+  };
+  auto next = start_read({std::numeric_limits<std::int64_t>::min(), ""}, page_size);
+  for (;;) {
+    auto page = co_await next->async_take(asio::use_awaitable);
+    next.reset();
     if (!page) {
       if (page.error().code == errc::corrupt)
         st->corrupt = page.error();
@@ -693,9 +703,9 @@ awaitable<void> host::page_outbox(std::shared_ptr<boot_pages> st) {
       co_return;
     }
     if (page->empty()) co_return;
-    after = {page->back().r.created_at, page->back().r.id.str()};
     bool more = page->size() == page_size;
     page_size = std::min(page_size * 4, last_page);
+    if (more) next = start_read({page->back().r.created_at, page->back().r.id.str()}, page_size);
     std::map<session_id, std::vector<outbox_entry>> outbox;
     for (auto& row : *page) {
       if (row.kind == "subagent") {
@@ -776,9 +786,9 @@ awaitable<result<boot_report>> host::boot() {
   auto first = co_await (std::move(validated) && std::move(woken_read));
   auto& valid = std::get<0>(first);
   if (!valid) co_return error{valid.error().code, "refusing to boot: " + valid.error().message};
-  auto sessions = co_await sessions_read->async_wait(asio::use_awaitable);
-  auto jobs = co_await jobs_read->async_wait(asio::use_awaitable);
-  // A one_shot keeps its value and hands out a copy: the kept ones go now.
+  auto sessions = co_await sessions_read->async_take(asio::use_awaitable);
+  auto jobs = co_await jobs_read->async_take(asio::use_awaitable);
+  // Both results were moved out; their one_shots go now.
   sessions_read.reset();
   jobs_read.reset();
   auto& woken = std::get<1>(first);

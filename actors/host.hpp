@@ -76,8 +76,8 @@ struct host_options {
   std::size_t threads = 0;       // 0 = one per core
   int resume_budget = 3;         // resumes of a child before its job reports an error
   /// Boot reads its outbox a page at a time, delivering each page while it
-  /// reads the next: the first page's rows (at least 1); each next page is
-  /// four times the one before, up to 16 times the first.
+  /// reads the next: the first page's rows (at least 1); every later page
+  /// is four times that.
   std::size_t boot_outbox_page = 4096;
   std::shared_ptr<agent_factory> agents;
   std::shared_ptr<run_observer> observer;  // optional
@@ -310,9 +310,10 @@ class host {
   /// Boot's read of its outbox and the deliveries it started (host.cpp).
   struct boot_pages;
   /// Boot's sweep, phase 1: reads the outbox up to st->last a page at a
-  /// time (pages from host_options::boot_outbox_page rows, growing fourfold
-  /// to sixteen times that) and starts each page's deliveries, owner by
-  /// owner (deliver_outbox), before reading the next. Returns once the read
+  /// time (the first page host_options::boot_outbox_page rows, every later
+  /// one four times that; each page's read queued as soon as the page before
+  /// came back) and starts each page's deliveries, owner by owner
+  /// (deliver_outbox). Returns once the read
   /// is done; st->all_done is set once the deliveries are too and the caller
   /// gave up the read's own count (boot_pages::finish_one). A page that
   /// cannot be read stops the read with a warning (what is left stays

@@ -583,9 +583,9 @@ awaitable<result<recovery_report>> job_queue::recover_on(std::optional<recovery_
                              "owner was retained and no new work was started"};
   };
   if (!reads) reads = start_recovery_reads(store_);
-  auto live = co_await reads->live->async_wait(asio::use_awaitable);
+  auto live = co_await reads->live->async_take(asio::use_awaitable);
   if (!live) co_return refuse(live.error());
-  auto pending = co_await reads->pending->async_wait(asio::use_awaitable);
+  auto pending = co_await reads->pending->async_take(asio::use_awaitable);
   reads.reset();  // the one_shots' own copies
   if (!pending) co_return refuse(pending.error());
 

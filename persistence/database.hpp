@@ -114,12 +114,13 @@ class reader_pool {
   template <class F>
   boost::asio::awaitable<std::invoke_result_t<F&>> offload(F fn) {
     auto shot = start(std::move(fn));
-    co_return co_await shot->async_wait(boost::asio::use_awaitable);
+    co_return co_await shot->async_take(boost::asio::use_awaitable);
   }
 
   /// Queues `fn` on the read threads now and returns where its result will
   /// be: reads started side by side, in the order they are started, and
-  /// awaited later (shot->async_wait). What `fn` refers to must outlive the
+  /// awaited later, once (shot->async_take: the result is moved to its one
+  /// reader, never copied). What `fn` refers to must outlive the
   /// read, whether or not anyone awaits it (join() waits for it).
   template <class F>
   std::shared_ptr<runtime::one_shot<std::invoke_result_t<F&>>> start(F fn) {

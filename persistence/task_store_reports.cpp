@@ -443,7 +443,7 @@ awaitable<result<void>> task_store::finish_validation(validation v) {
   std::vector<std::string> flagged;
   std::optional<error> failed;
   for (std::size_t i = 0; i < v.scans.size(); ++i) {
-    auto bad = co_await v.scans[i]->async_wait(boost::asio::use_awaitable);
+    auto bad = co_await v.scans[i]->async_take(boost::asio::use_awaitable);
     if (!bad && !failed) failed = bad.error();
     if (bad && *bad) flagged.push_back(tables[i]);
   }
@@ -1062,6 +1062,9 @@ result<std::vector<outbox_row>> task_reader::outbox_page(const outbox_key& after
     q.bind(5, static_cast<std::int64_t>(limit));
     scope_memo memo;
     std::vector<outbox_row> out;
+    // A page is read whole: its rows are built in place, never moved to a
+    // bigger buffer (boot's pages run to tens of thousands of rows).
+    out.reserve(std::min<std::size_t>(limit, 1 << 16));
     while (q.executeStep()) {
       auto r = decode_receipt_at(q, 0, &memo);
       if (!r) return r.error();

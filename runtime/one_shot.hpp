@@ -48,10 +48,30 @@ class one_shot : public std::enable_shared_from_this<one_shot<T>> {
   /// cancellation slot when an on_cancel value was given.
   template <class Token>
   auto async_wait(Token&& token) {
+    return wait(std::forward<Token>(token), false);
+  }
+
+  /// Completes with the value itself, moved out once set, instead of a copy:
+  /// for a one_shot that has exactly one waiter, ever (a read's result handed
+  /// to the coroutine that started it). No other waiter may follow it.
+  template <class Token>
+  auto async_take(Token&& token) {
+    return wait(std::forward<Token>(token), true);
+  }
+
+ private:
+  struct waiter {
+    boost::asio::any_completion_handler<void(T)> handler;
+    boost::asio::any_io_executor ex;
+    bool take = false;
+  };
+
+  template <class Token>
+  auto wait(Token&& token, bool take) {
     return boost::asio::async_initiate<Token, void(T)>(
-        [self = this->shared_from_this()](auto handler) {
+        [self = this->shared_from_this(), take](auto handler) {
           boost::asio::any_io_executor ex = boost::asio::get_associated_executor(handler);
-          waiter w{std::move(handler), std::move(ex)};
+          waiter w{std::move(handler), std::move(ex), take};
           // Assign to the erased handler's slot: type-erasure installs its own
           // cancellation state in the original slot.
           auto slot = w.handler.get_cancellation_slot();
@@ -72,23 +92,24 @@ class one_shot : public std::enable_shared_from_this<one_shot<T>> {
         token);
   }
 
- private:
-  struct waiter {
-    boost::asio::any_completion_handler<void(T)> handler;
-    boost::asio::any_io_executor ex;
-  };
-
-  static void complete(waiter w, const T& v) {
+  static void complete(waiter w, T& v) {
     auto ex = w.ex;
-    // The copy is a T, not a const T (a plain `v` capture of a const
-    // reference would be): moved out of a const T, a boost::system::result<bool>
-    // is built by its converting constructor from the result's explicit
-    // operator bool, so a false value arrived as true.
-    boost::asio::post(ex, [h = std::move(w.handler), v = T(v)]() mutable {
+    // The value handed over is a T built from the kept one (a copy, or the
+    // kept value moved for the one taker), not a const T: moved out of a
+    // const T, a boost::system::result<bool> is built by its converting
+    // constructor from the result's explicit operator bool, so a false value
+    // arrived as true.
+    auto deliver = [h = std::move(w.handler)](T v) mutable {
       auto slot = boost::asio::get_associated_cancellation_slot(h);
       if (slot.is_connected()) slot.clear();
       std::move(h)(std::move(v));
-    });
+    };
+    if (w.take)
+      boost::asio::post(
+          ex, [d = std::move(deliver), v = T(std::move(v))]() mutable { d(std::move(v)); });
+    else
+      boost::asio::post(
+          ex, [d = std::move(deliver), v = T(std::as_const(v))]() mutable { d(std::move(v)); });
   }
 
   mutable std::mutex m_;

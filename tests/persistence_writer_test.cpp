@@ -744,6 +744,65 @@ TEST_CASE("a write that answers false is awaited as false, not as true", "[regre
 
 namespace {
 
+// Counts its copies: a read's result that is copied on its way to the
+// coroutine that awaits it shows here.
+struct copy_counted {
+  static inline std::atomic<int> copies{0};
+  std::vector<std::string> rows;
+  copy_counted() = default;
+  copy_counted(copy_counted&&) noexcept = default;
+  copy_counted& operator=(copy_counted&&) noexcept = default;
+  copy_counted(const copy_counted& o) : rows(o.rows) { ++copies; }
+  copy_counted& operator=(const copy_counted& o) {
+    rows = o.rows;
+    ++copies;
+    return *this;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("an offloaded read's result is moved to the coroutine that awaits it, never copied") {
+  // A read's whole result (boot's outbox pages run to tens of thousands of
+  // rows) was copied out of its one_shot on the way to its one reader.
+  test::scratch_dir dir("read-moved");
+  auto w = open_writer(dir.file("t.db"));
+  reader_pool readers(dir.file("t.db"));
+  auto read = []() -> result<copy_counted> {
+    copy_counted c;
+    c.rows.assign(1000, std::string(100, 'x'));
+    return c;
+  };
+  copy_counted::copies = 0;
+  auto got = test::run(readers.offload(read));
+  REQUIRE(got);
+  CHECK(got->rows.size() == 1000);
+  CHECK(copy_counted::copies == 0);
+  readers.join();
+
+  // async_take hands over the value itself; async_wait still hands out a
+  // copy, so every waiter of a shared one_shot gets the whole value, and a
+  // false result<bool> stays false either way.
+  auto shared = runtime::one_shot<result<copy_counted>>::make();
+  copy_counted v;
+  v.rows = {"a", "b"};
+  shared->set(std::move(v));
+  copy_counted::copies = 0;
+  auto first = test::run(shared->async_wait(asio::use_awaitable));
+  auto second = test::run(shared->async_wait(asio::use_awaitable));
+  REQUIRE(first);
+  REQUIRE(second);
+  CHECK(first->rows == second->rows);
+  CHECK(copy_counted::copies == 2);
+  auto taken = runtime::one_shot<result<bool>>::make();
+  taken->set(result<bool>(false));
+  auto t = test::run(taken->async_take(asio::use_awaitable));
+  REQUIRE(t);
+  CHECK_FALSE(*t);
+}
+
+namespace {
+
 constexpr int k_checkpoint_frames = 40;
 
 // One commit of its own: a row of about 3 KB, so each commit adds at least
