@@ -707,7 +707,7 @@ awaitable<result<std::vector<admit_outcome>>> task_store::admit(session_id to,
                                                                 std::vector<report_item> items,
                                                                 admit_receipts how) {
   auto st = admit_submit(std::move(to), std::move(items), how);
-  co_return co_await st->async_wait(asio::use_awaitable);
+  co_return co_await st->async_take(asio::use_awaitable);
 }
 
 awaitable<result<void>> task_store::complete(std::vector<notification_id> nids, bool delivered) {

@@ -143,13 +143,13 @@ class writer {
   }
 
   /// The awaitable form of submit(), answered on the awaiting coroutine's
-  /// executor.
+  /// executor, its result moved to it (its one_shot has no other waiter).
   template <class F>
   auto write(std::string name, std::size_t bytes, F fn) -> awaitable<result<
       typename detail::unwrap_result<std::invoke_result_t<const F&, SQLite::Database&>>::type>> {
     asio::any_io_executor home = co_await asio::this_coro::executor;
     auto st = submit(std::move(name), bytes, std::move(fn), std::move(home));
-    co_return co_await st->async_wait(asio::use_awaitable);
+    co_return co_await st->async_take(asio::use_awaitable);
   }
 
   /// Answers every queued request, then stops the thread. Later submits fail

@@ -762,7 +762,9 @@ struct copy_counted {
 
 }  // namespace
 
-TEST_CASE("an offloaded read's result is moved to the coroutine that awaits it, never copied") {
+TEST_CASE(
+    "an offloaded read's or a write's result is moved to the coroutine that awaits it, never "
+    "copied") {
   // A read's whole result (boot's outbox pages run to tens of thousands of
   // rows) was copied out of its one_shot on the way to its one reader.
   test::scratch_dir dir("read-moved");
@@ -779,6 +781,18 @@ TEST_CASE("an offloaded read's result is moved to the coroutine that awaits it, 
   CHECK(got->rows.size() == 1000);
   CHECK(copy_counted::copies == 0);
   readers.join();
+
+  // A write's answer (a drain's inbox rows, say) likewise.
+  auto take = [](SQLite::Database&) -> result<copy_counted> {
+    copy_counted c;
+    c.rows.assign(1000, std::string(100, 'y'));
+    return c;
+  };
+  copy_counted::copies = 0;
+  auto written = test::run(w->write("take", 8, take));
+  REQUIRE(written);
+  CHECK(written->rows.size() == 1000);
+  CHECK(copy_counted::copies == 0);
 
   // async_take hands over the value itself; async_wait still hands out a
   // copy, so every waiter of a shared one_shot gets the whole value, and a
