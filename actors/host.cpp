@@ -680,7 +680,6 @@ awaitable<void> host::page_outbox(std::shared_ptr<boot_pages> st) {
   // longer than admitting the one before: 65,536 rows did, and the writer
   // waited for the read.
   const std::size_t first_page = std::max<std::size_t>(opts_.boot_outbox_page, 1);
-  const std::size_t last_page = first_page * 4;
   std::size_t page_size = first_page;
   // Each page's read is queued as soon as the page before it came back, so
   // it runs while that page is sorted by owner and its deliveries start.
@@ -704,7 +703,7 @@ awaitable<void> host::page_outbox(std::shared_ptr<boot_pages> st) {
     }
     if (page->empty()) co_return;
     bool more = page->size() == page_size;
-    page_size = std::min(page_size * 4, last_page);
+    page_size = first_page * 4;  // every page after the first
     if (more) next = start_read({page->back().r.created_at, page->back().r.id.str()}, page_size);
     std::map<session_id, std::vector<outbox_entry>> outbox;
     for (auto& row : *page) {

@@ -586,7 +586,7 @@ awaitable<result<recovery_report>> job_queue::recover_on(std::optional<recovery_
   auto live = co_await reads->live->async_take(asio::use_awaitable);
   if (!live) co_return refuse(live.error());
   auto pending = co_await reads->pending->async_take(asio::use_awaitable);
-  reads.reset();  // the one_shots' own copies
+  reads.reset();  // their one_shots, emptied by the takes
   if (!pending) co_return refuse(pending.error());
 
   // The host's own local daemon (no sandbox configured) is part of this

@@ -94,22 +94,17 @@ class one_shot : public std::enable_shared_from_this<one_shot<T>> {
 
   static void complete(waiter w, T& v) {
     auto ex = w.ex;
-    // The value handed over is a T built from the kept one (a copy, or the
-    // kept value moved for the one taker), not a const T: moved out of a
-    // const T, a boost::system::result<bool> is built by its converting
-    // constructor from the result's explicit operator bool, so a false value
-    // arrived as true.
-    auto deliver = [h = std::move(w.handler)](T v) mutable {
+    // The value handed over is a T built from the kept one (the kept value
+    // itself, moved, for the one taker; else a copy), not a const T: moved
+    // out of a const T, a boost::system::result<bool> is built by its
+    // converting constructor from the result's explicit operator bool, so a
+    // false value arrived as true.
+    T out = w.take ? T(std::move(v)) : T(std::as_const(v));
+    boost::asio::post(ex, [h = std::move(w.handler), v = std::move(out)]() mutable {
       auto slot = boost::asio::get_associated_cancellation_slot(h);
       if (slot.is_connected()) slot.clear();
       std::move(h)(std::move(v));
-    };
-    if (w.take)
-      boost::asio::post(
-          ex, [d = std::move(deliver), v = T(std::move(v))]() mutable { d(std::move(v)); });
-    else
-      boost::asio::post(
-          ex, [d = std::move(deliver), v = T(std::as_const(v))]() mutable { d(std::move(v)); });
+    });
   }
 
   mutable std::mutex m_;
