@@ -398,6 +398,9 @@ result<std::unique_ptr<SQLite::Database>> open_for_write(const db_options& opts)
 
 namespace {
 
+// The write connection's page cache (see open_new_or_existing).
+constexpr const char* k_write_cache = "PRAGMA cache_size = -32768";
+
 result<std::unique_ptr<SQLite::Database>> open_new_or_existing(const db_options& opts) {
   try {
     auto db = std::make_unique<SQLite::Database>(
@@ -418,14 +421,20 @@ result<std::unique_ptr<SQLite::Database>> open_new_or_existing(const db_options&
     // Tasks and receipts stay after delivery, so the tables outgrow SQLite's
     // default 2 MiB page cache and each commit re-read its index pages from
     // the kernel. Up to 32 MiB per connection, taken only as the file grows.
-    db->exec("PRAGMA cache_size = -32768");
+    db->exec(k_write_cache);
     // The WAL file keeps the size of its largest transaction (a migration
     // that copies a table, a batch of many requests) until the host closes,
     // unless it is cut back when it restarts: to 64 MiB, far above what the
     // checkpointer lets it reach between restarts (persistence/writer.cpp).
     db->exec("PRAGMA journal_size_limit = 67108864");
     if (auto r = migrate(*db); !r) return r.error();
+    // The floor's scan reads every task row once: through a 32 MiB cache, a
+    // fresh process paid to allocate and fault in 32 MiB of pages it never
+    // read again (100,000 owed reports: ~0.16 s of the open, ~0.035 s with
+    // SQLite's default 2 MiB). The cache is taken back to 32 MiB after it.
+    db->exec("PRAGMA cache_size = -2048");
     seed_mint_floor(*db);
+    db->exec(k_write_cache);
     return db;
   } catch (const std::exception& e) {
     return error{errc::io, "cannot open database '" + opts.path + "': " + sqlite_message(e) +

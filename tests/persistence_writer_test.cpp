@@ -450,6 +450,28 @@ TEST_CASE("a child is created in its parent's tenant") {
   CHECK((*child)->tenant.str() == "acme");
 }
 
+TEST_CASE("the write connection keeps its 32 MiB page cache after the open's floor scan") {
+  // The open scans every id with a small cache (persistence/database.cpp),
+  // then gives the connection its own back: each commit's index pages stay
+  // cached. Opened twice: on a new file, and on one that holds a task.
+  test::scratch_dir dir("cache_size");
+  auto path = dir.file("t.db");
+  for (int open = 0; open < 2; ++open) {
+    INFO("open " << open + 1);
+    auto w = open_writer(path);
+    auto read = [](SQLite::Database& db) { return db.execAndGet("PRAGMA cache_size").getInt64(); };
+    auto size = test::run(w->write("read the page cache's size", 0, read));
+    REQUIRE(size);
+    CHECK(*size == -32768);
+    auto add = [](SQLite::Database& db) {
+      db.exec(
+          "INSERT OR IGNORE INTO tasks (id, kind, state, payload, created_at, updated_at) "
+          "VALUES ('job_cache', 'subagent', 'completed', '{}', 0, 0)");
+    };
+    REQUIRE(test::run(w->write("add a task", 0, add)));
+  }
+}
+
 TEST_CASE("an id minted after the wall clock stepped back sorts after every id in the store") {
   // Each column of minted ids the store's open reads, one at a time.
   auto column = GENERATE(as<std::string>{}, "sessions.id", "sessions.turn", "tasks.id",
