@@ -255,6 +255,11 @@ awaitable<result<std::shared_ptr<session>>> host::load(session_id s) {
   co_return adopt(s, std::move(row));
 }
 
+result<std::shared_ptr<session>> host::adopt_created(persistence::session_row row) {
+  auto s = row.id;
+  return adopt(s, std::optional<persistence::session_row>(std::move(row)));
+}
+
 result<std::shared_ptr<session>> host::adopt(const session_id& s,
                                              result<std::optional<persistence::session_row>> row) {
   if (!row) return row.error();

@@ -635,13 +635,21 @@ class task_store : public task_reader {
   /// begin_busy, as one write). The start's seq is the input's.
   awaitable<result<busy_start>> append_and_begin_busy(session_id s, std::string kind,
                                                       std::string text);
+  /// What spawn() wrote: the prompt's seq and, when it created the child,
+  /// the child's row as its transaction left it (as a read after the commit
+  /// finds it, until the child's actor writes again), so that the spawner
+  /// makes the child's actor without reading the row back.
+  struct spawned {
+    std::int64_t seq = 0;
+    std::optional<session_row> created;
+  };
   /// Creates a child (unless it exists), appends its prompt and, for a
   /// background job, writes the running row: all in one transaction, before
   /// the child's busy period can start. A job for a child that owes no other
   /// running row starts a fresh resume budget.
-  awaitable<result<std::int64_t>> spawn(std::optional<session_row> create, session_id child,
-                                        std::string prompt, std::optional<job_row> job,
-                                        std::optional<bool> notify_update = {});
+  awaitable<result<spawned>> spawn(std::optional<session_row> create, session_id child,
+                                   std::string prompt, std::optional<job_row> job,
+                                   std::optional<bool> notify_update = {});
   /// The settle transaction: child idle (claim released, resume attempts
   /// reset, input cursor advanced) and the job row terminal with the body.
   awaitable<result<settle_result>> settle(settle_request req);

@@ -303,6 +303,10 @@ constexpr const char* k_session_cols =
     "id, parent_id, parent_notify, description, agent, status, time_suspended, resume_attempts, "
     "seq, revert_staged, input_cursor, idle_outcome, tenant, turn, job_notify, job_policy, "
     "policy, depth, budget_root, task_id";
+// One session's row by its id: the reads' statement, and the spawn's read of
+// the row it wrote (cached_statement keys a statement by its text's address).
+const std::string k_session_by_id =
+    std::string("SELECT ") + k_session_cols + " FROM sessions WHERE id = ?";
 
 // A session's policy column: NULL (the host's default) or a policy.
 result<std::optional<protocol::session_policy>> decode_policy(const SQLite::Column& c,
@@ -566,14 +570,15 @@ awaitable<result<task_store::busy_start>> task_store::append_and_begin_busy(sess
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
 
-awaitable<result<std::int64_t>> task_store::spawn(std::optional<session_row> create,
-                                                  session_id child, std::string prompt,
-                                                  std::optional<job_row> job,
-                                                  std::optional<bool> notify_update) {
+awaitable<result<task_store::spawned>> task_store::spawn(std::optional<session_row> create,
+                                                         session_id child, std::string prompt,
+                                                         std::optional<job_row> job,
+                                                         std::optional<bool> notify_update) {
   auto name = "spawn " + child.str();
   std::size_t bytes = prompt.size() + 256;
   auto fn = [create = std::move(create), child = std::move(child), prompt = std::move(prompt),
-             job = std::move(job), notify_update](SQLite::Database& db) {
+             job = std::move(job),
+             notify_update](SQLite::Database& db) -> result<task_store::spawned> {
     if (create) insert_session(db, *create);
     if (notify_update) {
       auto& st = cached_statement(db, "UPDATE sessions SET parent_notify = ? WHERE id = ?");
@@ -594,7 +599,22 @@ awaitable<result<std::int64_t>> task_store::spawn(std::optional<session_row> cre
       }
       insert_job(db, *job);
     }
-    return seq;
+    task_store::spawned out;
+    out.seq = seq;
+    if (create) {
+      // The row as this transaction leaves it (the store's defaults, the
+      // tenant it inherits, the prompt's seq), read by the statement a read
+      // connection would use.
+      auto& q = cached_statement(db, k_session_by_id.c_str());
+      q.bind(1, child.str());
+      if (!q.executeStep())
+        throw std::runtime_error("session '" + child.str() + "' is not there after its insert");
+      auto row = decode_session(q);
+      q.reset();
+      if (!row) return row.error();
+      out.created = std::move(*row);
+    }
+    return out;
   };
   co_return co_await w_.write(std::move(name), bytes, std::move(fn));
 }
@@ -897,7 +917,7 @@ awaitable<result<void>> task_store::write_job(job_row row) {
 result<std::optional<session_row>> task_reader::session(const session_id& s) {
   try {
     auto db = readers_.acquire();
-    auto& q = db.statement(std::string("SELECT ") + k_session_cols + " FROM sessions WHERE id = ?");
+    auto& q = db.statement(k_session_by_id);
     q.bind(1, s.str());
     if (!q.executeStep()) return std::optional<session_row>{};
     auto r = decode_session(q);

@@ -450,6 +450,73 @@ TEST_CASE("a child is created in its parent's tenant") {
   CHECK((*child)->tenant.str() == "acme");
 }
 
+TEST_CASE("a spawn returns the child's row as a read after its commit finds it") {
+  // The spawner makes the child's actor from this row instead of reading it
+  // back (actors/session.cpp): it must be the stored row, not the one asked
+  // for. Here they differ: the child takes its parent's tenant, the store's
+  // status and the prompt's seq.
+  test::scratch_dir dir("spawned_row");
+  auto path = dir.file("t.db");
+  auto w = open_writer(path);
+  task_store store(*w, path);
+  auto parent = session_named("parent");
+  parent.tenant = protocol::tenant_id("acme");
+  REQUIRE(test::run(store.create_session(parent)));
+  auto asked = session_named("child", "parent");
+  asked.notify = false;
+  asked.depth = 1;
+  asked.job_policy = "report_now";
+  asked.budget_root = session_id("parent");
+  protocol::session_policy narrowed;
+  narrowed.max_depth = 2;
+  asked.policy = narrowed;
+  job_row job;
+  job.id = job_id("job_spawned");
+  job.nid = notification_id("msg_spawned");
+  job.parent = session_id("parent");
+  job.child = session_id("child");
+  job.status = job_status::running;
+  auto spawned = test::run(store.spawn(asked, session_id("child"), "go", job));
+  REQUIRE(spawned);
+  REQUIRE(spawned->created);
+  auto stored = store.session(session_id("child"));
+  REQUIRE(stored);
+  REQUIRE(*stored);
+  const auto& got = *spawned->created;
+  const auto& want = **stored;
+  CHECK(want.tenant.str() == "acme");  // not the row's "default": the store chose it
+  CHECK(want.seq == spawned->seq);
+  CHECK(want.seq > 0);
+  CHECK(got.id == want.id);
+  CHECK(got.parent == want.parent);
+  CHECK(got.notify == want.notify);
+  CHECK(got.description == want.description);
+  CHECK(got.agent == want.agent);
+  CHECK(got.busy == want.busy);
+  CHECK(got.time_suspended == want.time_suspended);
+  CHECK(got.resume_attempts == want.resume_attempts);
+  CHECK(got.seq == want.seq);
+  CHECK(got.revert_staged == want.revert_staged);
+  CHECK(got.input_cursor == want.input_cursor);
+  CHECK(got.idle_outcome == want.idle_outcome);
+  CHECK(got.tenant.str() == want.tenant.str());
+  CHECK(got.turn.has_value() == want.turn.has_value());
+  CHECK(got.job_notify == want.job_notify);
+  CHECK(got.job_policy == want.job_policy);
+  REQUIRE(want.policy.has_value());
+  CHECK(want.policy->max_depth == 2);
+  CHECK(got.policy == want.policy);
+  CHECK(got.depth == want.depth);
+  CHECK(got.budget_root == want.budget_root);
+  CHECK(got.task_id == want.task_id);
+
+  // A follow-up to a child that exists creates nothing and returns no row.
+  auto again = test::run(store.spawn(std::nullopt, session_id("child"), "more", std::nullopt));
+  REQUIRE(again);
+  CHECK_FALSE(again->created);
+  CHECK(again->seq == spawned->seq + 1);
+}
+
 TEST_CASE("the write connection keeps its 32 MiB page cache after the open's floor scan") {
   // The open scans every id with a small cache (persistence/database.cpp),
   // then gives the connection its own back: each commit's index pages stay
