@@ -506,49 +506,9 @@ void print_summary(const layout& l, const outcome& o, const raw_outcome& raw,
   std::fflush(stdout);
 }
 
-// Runs `args` of this program (--measure ...) in a process of its own and
-// returns the numbers it printed on its one line of output.
-std::vector<double> measure_apart(const std::vector<std::string>& args, std::size_t count) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) die("pipe2 failed");
-  posix_spawn_file_actions_t fa;
-  ::posix_spawn_file_actions_init(&fa);
-  ::posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
-  std::vector<std::string> all{"/proc/self/exe"};
-  all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  int rc = ::posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
-  ::posix_spawn_file_actions_destroy(&fa);
-  ::close(fds[1]);
-  if (rc != 0) die("cannot start a measurement: " + std::string(std::strerror(rc)));
-  std::string out;
-  char buf[512];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) != 0;) {
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) die("reading a measurement's output failed");
-    out.append(buf, static_cast<std::size_t>(n));
-  }
-  ::close(fds[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  std::string what = args.size() > 1 ? args[1] : "?";
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    die("the " + what + " measurement failed (its error is above); it printed: '" + out + "'");
-  std::istringstream in(out);
-  std::vector<double> v;
-  for (double x; in >> x;) v.push_back(x);
-  if (v.size() != count)
-    die("the " + what + " measurement printed '" + out + "', not " + std::to_string(count) +
-        " numbers");
-  return v;
-}
-
 outcome run_apart(const std::string& path, const layout& l) {
-  auto v = measure_apart(
+  auto v = bench::measure_apart(
+      k_bench,
       {"--measure", "runtime", path, l.tag, std::to_string(l.parents), std::to_string(l.children)},
       7);
   outcome o;
@@ -558,9 +518,10 @@ outcome run_apart(const std::string& path, const layout& l) {
 }
 
 raw_outcome raw_apart(const std::string& path, const layout& l, std::size_t chunk) {
-  auto v = measure_apart({"--measure", "raw", path, l.tag, std::to_string(l.parents),
-                          std::to_string(l.children), std::to_string(chunk)},
-                         3);
+  auto v = bench::measure_apart(k_bench,
+                                {"--measure", "raw", path, l.tag, std::to_string(l.parents),
+                                 std::to_string(l.children), std::to_string(chunk)},
+                                3);
   raw_outcome o;
   o.seconds = v[0], o.cpu = v[1], o.transactions = static_cast<std::size_t>(v[2]);
   return o;

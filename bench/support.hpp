@@ -1,15 +1,20 @@
 #pragma once
 // Shared by the bench drivers: one JSON figure per line, timing, percentiles,
 // sizing a run so that it takes about as long as we want, and CPU time.
+#include <fcntl.h>
+#include <spawn.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -72,6 +77,55 @@ inline void emit_text(std::string_view bench, std::string_view figure, std::stri
               figure.data(), static_cast<int>(text.size()), text.data(),
               static_cast<int>(unit.size()), unit.data());
   std::fflush(stdout);
+}
+
+/// Runs this program again (/proc/self/exe) with `args` (its --measure
+/// mode), in a process of its own, and returns the `count` numbers it
+/// printed on its one line of output: a measurement that starts with no heap,
+/// page cache or allocator state another measurement left. Exits, naming
+/// `bench` and the measurement (args[1]), if it fails or prints otherwise.
+inline std::vector<double> measure_apart(std::string_view bench,
+                                         const std::vector<std::string>& args, std::size_t count) {
+  std::string what = args.size() > 1 ? args[1] : "?";
+  auto fail = [&](const std::string& why) {
+    std::fprintf(stderr, "%.*s: the %s measurement: %s\n", static_cast<int>(bench.size()),
+                 bench.data(), what.c_str(), why.c_str());
+    std::exit(1);
+  };
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) fail("pipe2 failed");
+  posix_spawn_file_actions_t fa;
+  ::posix_spawn_file_actions_init(&fa);
+  ::posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+  std::vector<std::string> all{"/proc/self/exe"};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  int rc = ::posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
+  ::posix_spawn_file_actions_destroy(&fa);
+  ::close(fds[1]);
+  if (rc != 0) fail("cannot start it: " + std::string(std::strerror(rc)));
+  std::string out;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("reading its output failed");
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    fail("it failed (its error is above); it printed: '" + out + "'");
+  std::istringstream in(out);
+  std::vector<double> v;
+  for (double x; in >> x;) v.push_back(x);
+  if (v.size() != count)
+    fail("it printed '" + out + "', not " + std::to_string(count) + " numbers");
+  return v;
 }
 
 /// The p-th percentile (0..100) by nearest rank; reorders `v`.
