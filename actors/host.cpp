@@ -242,7 +242,8 @@ result<std::shared_ptr<session>> host::get(const session_id& s) {
   return adopt(s, store_->session(s));
 }
 
-awaitable<result<std::shared_ptr<session>>> host::load(session_id s) {
+awaitable<result<std::shared_ptr<session>>> host::load(
+    session_id s, std::optional<persistence::session_row> known) {
   {
     std::lock_guard lk(m_);
     if (closed_)
@@ -251,13 +252,9 @@ awaitable<result<std::shared_ptr<session>>> host::load(session_id s) {
     auto it = sessions_.find(s);
     if (it != sessions_.end()) co_return it->second;
   }
+  if (known) co_return adopt(s, std::move(known));
   auto row = co_await store_->load_session(s);
   co_return adopt(s, std::move(row));
-}
-
-result<std::shared_ptr<session>> host::adopt_created(persistence::session_row row) {
-  auto s = row.id;
-  return adopt(s, std::optional<persistence::session_row>(std::move(row)));
 }
 
 result<std::shared_ptr<session>> host::adopt(const session_id& s,

@@ -251,11 +251,10 @@ class host {
   /// row on the calling thread; a coroutine on an executor co_awaits load(),
   /// which reads it off the executor.
   result<std::shared_ptr<session>> get(const session_id& s);
-  awaitable<result<std::shared_ptr<session>>> load(session_id s);
-  /// The actor of a session the caller's own transaction just created, made
-  /// from the row that transaction returned (task_store::spawn), with no
-  /// read: the one already loaded if there is one.
-  result<std::shared_ptr<session>> adopt_created(persistence::session_row row);
+  /// `known`: the row as the caller's own transaction just wrote it
+  /// (task_store::spawn returns it), used instead of reading it.
+  awaitable<result<std::shared_ptr<session>>> load(
+      session_id s, std::optional<persistence::session_row> known = std::nullopt);
   /// The one delivery path (actors/delivery.hpp): every pending receipt of
   /// every kind, live and at boot.
   actors::delivery& delivery() { return *delivery_; }

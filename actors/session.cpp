@@ -466,11 +466,7 @@ class session::context : public agent_context {
     if (!written) co_return written.error();
     // A child this transaction created: its actor is made from the row the
     // transaction returned, with no read back.
-    result<std::shared_ptr<session>> c = error{errc::failed, "not loaded"};
-    if (written->created)
-      c = h.adopt_created(std::move(*written->created));
-    else
-      c = co_await h.load(child);
+    auto c = co_await h.load(child, std::move(written->created));
     if (!c) co_return c.error();
     if (parent) h.note_child(*parent, child);
     // A background job is outstanding from the moment its running row is

@@ -610,7 +610,6 @@ awaitable<result<task_store::spawned>> task_store::spawn(std::optional<session_r
       if (!q.executeStep())
         throw std::runtime_error("session '" + child.str() + "' is not there after its insert");
       auto row = decode_session(q);
-      q.reset();
       if (!row) return row.error();
       out.created = std::move(*row);
     }
