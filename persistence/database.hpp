@@ -39,14 +39,20 @@ struct db_options {
   std::size_t max_batch_bytes = 8u << 20;  // payload bytes per transaction
   /// WAL frames (pages) after a commit at which the writer asks its
   /// checkpointer thread to copy the WAL back into the database file (off the
-  /// commit path; SQLite's own automatic checkpoint runs inside a commit, also
-  /// at 1,000). A smaller WAL copies the same hot pages (indexes, the tables'
-  /// last leaves) back more often: in one run of each, interleaved, 250 frames
-  /// cost bench_delivery 6% more CPU per job than 1,000 and bench_settle 3-5%
-  /// more per report, for a bench_commit p99 with 1,024 requesters of 4.3-5.1
-  /// ms against 6.1-7.2 ms (the target is 10). 0: SQLite's automatic
-  /// checkpoint, inside the commits.
-  int checkpoint_frames = 1000;
+  /// commit path; SQLite's own automatic checkpoint runs inside a commit, at
+  /// 1,000). Each time the WAL is copied back and restarts, whoever waits for
+  /// the writer waits for the last of the copy (the database file's sync): at
+  /// 1,000 frames that was 20-33 times in bench_commit's 3 s with 1,024
+  /// requesters, often enough to set its p99 (11.2-13.0 ms in five runs,
+  /// against 6.1-8.5 ms at 8,000 with 2-4 such waits; the same run's plain
+  /// program with no checkpoint at all: 2.6-4.5 ms). A bigger WAL also copies
+  /// hot pages back less often: bench_latency's closed-loop rate was 9,490 and
+  /// 9,798 reports/s at 8,000 against 7,706 and 7,649 at 1,000. The WAL file
+  /// grows to about 33 MB (8,000 pages of 4 KiB with their frame headers)
+  /// before a copy starts, twice that at the bound (writer.cpp), and is cut
+  /// back to 64 MiB when it restarts (journal_size_limit). 0: SQLite's
+  /// automatic checkpoint, inside the commits.
+  int checkpoint_frames = 8000;
   /// The caller is creating a database: an existing empty (zero-length) file
   /// becomes a new one. Without it an empty file is refused (a truncated
   /// database is not adopted as a new one); a missing file is created either
