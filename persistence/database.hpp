@@ -42,7 +42,7 @@ struct db_options {
   /// commit path; SQLite's own automatic checkpoint runs inside a commit, at
   /// 1,000). Each time the WAL is copied back and restarts, whoever waits for
   /// the writer waits for the last of the copy (the database file's sync): at
-  /// 1,000 frames that was 20-33 times in bench_commit's 3 s with 1,024
+  /// 1,000 frames that was 14-33 times in bench_commit's 3 s with 1,024
   /// requesters, often enough to set its p99 (11.2-13.0 ms in five runs,
   /// against 6.1-8.5 ms at 8,000 with 2-4 such waits; the same run's plain
   /// program with no checkpoint at all: 2.6-4.5 ms). A bigger WAL also copies
