@@ -122,8 +122,9 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "an I/O error at any I/O call of the report story: a clean error or a success that holds, a "
-    "sound database, and a restart that delivers every owed report exactly once",
+    "an I/O error at any I/O call of the report story: a clean error or a success that holds, "
+    "never a story that waits forever, a sound database, and a restart that delivers every owed "
+    "report exactly once",
     "[fault][cli]") {
   test::scratch_dir root("fault-story");
   auto base = root.path() / "baseline";
@@ -136,7 +137,6 @@ TEST_CASE(
   std::cout << "report story I/O calls: reads=" << b.rep.ops.reads << " writes=" << b.rep.ops.writes
             << " syncs=" << b.rep.ops.syncs << "\n";
 
-  constexpr int k_stall = 2;
   int tried = 0, failed_cleanly = 0, absorbed = 0, stalled = 0;
   for (auto& fk : k_kinds) {
     auto total = ops_of(b.rep.ops, fk.kind);
@@ -144,22 +144,25 @@ TEST_CASE(
       auto spec = std::string(fk.word) + ":" + std::to_string(n) + ":" + fk.code;
       auto dir = root.path() / test::spec_dir(spec);
       INFO("TETHER_FAULT=" << spec);
-      // The story takes a fraction of a second; one still running after
-      // k_stall seconds is stopped and counted as stalled (see below).
-      auto r = test::run_on_fault_vfs(dir, spec, {"demo", "--story", dir.string()}, false, k_stall);
+      // The story takes a fraction of a second. The harness's limit (60 s)
+      // only keeps a hung story from hanging the suite: no run may need it.
+      auto r = test::run_on_fault_vfs(dir, spec, {"demo", "--story", dir.string()});
       INFO("the story said: " << r.output);
       REQUIRE(WIFEXITED(r.status));  // no crash, whatever the fault
       if (!r.rep.fired) continue;    // this run made fewer calls of that kind
       ++tried;
-      // A fault that keeps the story's shell from ever starting (a failed
-      // spawn) leaves the story waiting for a reader of its gate: stopped
-      // and counted as stalled. The restart below must deliver everything owed.
+      // A fault that keeps the story's shell from ever starting (a busy
+      // period that could not open, a failed spawn) ends the story with
+      // what it lacks: it never waits for a shell that is not there. Exit
+      // 0 means the story reached its end (both reports in the inbox).
       bool ok = r.exited() && WEXITSTATUS(r.status) == 0;
       r.hung() ? ++stalled : ok ? ++absorbed : ++failed_cleanly;
+      CHECK_FALSE(r.hung());
       if (r.exited() && !ok) CHECK_FALSE(r.output.empty());  // it said what went wrong
 
       auto db = (dir / "tether.db").string();
       auto after = test::read_report_outcome(db);
+      if (ok) CHECK(after.bodies.size() == 2);
       if (fs::exists(db)) CHECK(test::integrity(db) == "ok");
       // Acknowledged: every report admitted into the parent's inbox (its
       // after-commit point was passed) is on disk.
@@ -175,7 +178,6 @@ TEST_CASE(
     }
   }
   std::cout << "report story: fault points tried: " << tried << " (" << absorbed << " absorbed, "
-            << failed_cleanly << " failed with an error, " << stalled
-            << " stalled until the restart)\n";
+            << failed_cleanly << " failed with an error, " << stalled << " hung)\n";
   CHECK(tried > 10);
 }

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -76,12 +77,18 @@ void prepare_dir(const fs::path& dir) {
   ::setenv("PATH", path.c_str(), 1);
 }
 
-void open_gate(const fs::path& dir) {
-  int fd = ::open((dir / "gate").c_str(), O_WRONLY);
+// Puts a line at the gate for the shell and returns the fifo's descriptor
+// (-1 if it could not be opened), to be closed once the shell is done with
+// it. Held open read-write, so neither this open() nor the shell's blocks:
+// a shell that never started (a failed spawn, a busy period that could not
+// open) leaves no reader, and the story must still end rather than wait for
+// one; a shell that opens the fifo later finds the line waiting.
+int open_gate(const fs::path& dir) {
+  int fd = ::open((dir / "gate").c_str(), O_RDWR | O_NONBLOCK);
   if (fd >= 0) {
     [[maybe_unused]] auto n = ::write(fd, "go\n", 3);
-    ::close(fd);
   }
+  return fd;
 }
 
 result<std::unique_ptr<actors::host>> open_host(const fs::path& dir,
@@ -108,8 +115,19 @@ bool run_story(actors::host& h, const fs::path& dir, std::string& why) {
   auto pr = sync(h, h.prompt(*p, "Audit the routes, in the background please."));
   if (!pr) return why = pr.error().message, false;
   sync(h, h.wait_quiescent(false));  // report 1 delivered; the shell still runs
-  open_gate(dir);                    // the shell exits and wakes the child
-  sync(h, h.wait_quiescent(true));   // report 2 delivered
+  int gate = open_gate(dir);         // the shell exits and wakes the child
+  if (gate < 0)
+    return why = "the story's gate " + (dir / "gate").string() + ": " + std::strerror(errno), false;
+  sync(h, h.wait_quiescent(true));  // report 2 delivered
+  ::close(gate);
+  // Quiescent is not done: a step that failed (its error logged) leaves
+  // the host with nothing to do and the story short of its end.
+  auto reports = h.store().inbox(session_id(k_parent));
+  if (!reports) return why = "the parent's inbox: " + reports.error().message, false;
+  if (reports->size() != 2)
+    return why = "the story ended with " + std::to_string(reports->size()) +
+                 " of its 2 reports in the parent's inbox",
+           false;
   return true;
 }
 
