@@ -137,7 +137,7 @@ TEST_CASE(
   std::cout << "report story I/O calls: reads=" << b.rep.ops.reads << " writes=" << b.rep.ops.writes
             << " syncs=" << b.rep.ops.syncs << "\n";
 
-  int tried = 0, failed_cleanly = 0, absorbed = 0, stalled = 0;
+  int tried = 0, failed_cleanly = 0, absorbed = 0, hung = 0;
   for (auto& fk : k_kinds) {
     auto total = ops_of(b.rep.ops, fk.kind);
     for (auto n : fault_points(total, fk.kind == fault::op::read ? 2 : 4)) {
@@ -156,7 +156,7 @@ TEST_CASE(
       // what it lacks: it never waits for a shell that is not there. Exit
       // 0 means the story reached its end (both reports in the inbox).
       bool ok = r.exited() && WEXITSTATUS(r.status) == 0;
-      r.hung() ? ++stalled : ok ? ++absorbed : ++failed_cleanly;
+      r.hung() ? ++hung : ok ? ++absorbed : ++failed_cleanly;
       CHECK_FALSE(r.hung());
       if (r.exited() && !ok) CHECK_FALSE(r.output.empty());  // it said what went wrong
 
@@ -178,6 +178,6 @@ TEST_CASE(
     }
   }
   std::cout << "report story: fault points tried: " << tried << " (" << absorbed << " absorbed, "
-            << failed_cleanly << " failed with an error, " << stalled << " hung)\n";
+            << failed_cleanly << " failed with an error, " << hung << " hung)\n";
   CHECK(tried > 10);
 }
